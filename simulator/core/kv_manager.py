@@ -1,0 +1,186 @@
+"""KV cache manager: per-request block tables on top of the block pool.
+
+It answers the scheduler's one question, "give me slots for N new tokens of this request", with the new
+blocks or ``None`` (and the scheduler preempts on ``None``). It also finds the longest cached prefix of a
+request and keeps the usage figures a replica reports. It decides nothing about who runs.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from simulator.core.block_pool import Block, BlockPool
+from simulator.core.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class KVStats:
+    """A replica's KV usage at one instant."""
+
+    num_blocks: int
+    num_used_blocks: int
+    """Blocks referenced by at least one request."""
+    num_cached_blocks: int
+    """Blocks indexed by the prefix cache (referenced or evictable)."""
+    num_stored_tokens: int
+    """Tokens whose KV is held for running requests (shared prefix blocks counted once)."""
+    num_reserved_unused_slots: int
+    """Slots allocated to requests but not (yet) holding a token: fragmentation and reservations."""
+    num_tail_slack_slots: int
+    """Of those, the slots in each request's last partial block: the floor any block allocator pays."""
+    block_size: int
+
+    @property
+    def used_frac(self) -> float:
+        return self.num_used_blocks / self.num_blocks
+
+    @property
+    def waste_frac(self) -> float:
+        """Reserved-but-unused share of the allocated slots."""
+        used = self.num_used_blocks * self.block_size
+        return self.num_reserved_unused_slots / used if used else 0.0
+
+    @property
+    def waste_beyond_tail_frac(self) -> float:
+        """Unused allocated share beyond each request's last partial block."""
+        used = self.num_used_blocks * self.block_size
+        return (self.num_reserved_unused_slots - self.num_tail_slack_slots) / used if used else 0.0
+
+
+class KVManager:
+    def __init__(self, num_blocks: int, block_size: int, *, enable_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.pool = BlockPool(num_blocks, enable_caching=enable_caching)
+        self.req_blocks: dict[int, list[Block]] = {}
+        self._num_cached: dict[int, int] = {}
+        """Leading blocks of each request already indexed in the prefix cache."""
+        self.num_hit_tokens = 0
+        """Prompt tokens served from the prefix cache, over the manager's life."""
+        self.num_lookup_tokens = 0
+        """Prompt tokens looked up in the prefix cache (the denominator of the hit rate)."""
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    def get_computed_blocks(self, request: Request) -> list[Block]:
+        """Blocks holding the longest cached prefix of the request: whole blocks, capped at tokens − 1
+        (the last token is always recomputed so that the step produces its logits)."""
+        if not self.enable_caching or not request.block_hashes:
+            return []
+        max_blocks = min(len(request.block_hashes), (request.num_tokens - 1) // self.block_size)
+        cached = self.pool.cached
+        hits = []
+        for block_hash in request.block_hashes[:max_blocks]:
+            block = cached.get(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def prefix_match_blocks(self, block_hashes: Sequence[int]) -> int:
+        """How many leading blocks of this hash chain the cache holds now (for prefix-aware routing)."""
+        if not self.enable_caching:
+            return 0
+        cached = self.pool.cached
+        n = 0
+        for block_hash in block_hashes:
+            if block_hash not in cached:
+                break
+            n += 1
+        return n
+
+    def num_blocks_needed(self, request: Request, num_new_tokens: int, num_hit_blocks: int = 0,
+                          reserve_tokens: int = 0) -> int:
+        """Fresh blocks ``allocate`` would pop for these arguments."""
+        num_tokens = request.num_computed_tokens + num_hit_blocks * self.block_size + num_new_tokens
+        required = -(-max(num_tokens, reserve_tokens) // self.block_size)
+        held = len(self.req_blocks.get(request.request_id, ())) + num_hit_blocks
+        return max(0, required - held)
+
+    def allocate(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: Sequence[Block] = (),
+        reserve_tokens: int = 0,
+    ) -> list[Block] | None:
+        """Slots for ``num_new_tokens`` more tokens (after ``new_computed_blocks``, a prefix hit taken on
+        admission), and for at least ``reserve_tokens`` tokens in all (contiguous and reserve policies
+        allocate their whole reservation up front). Returns the fresh blocks, or None if they do not fit;
+        on None nothing changed."""
+        num_new = self.num_blocks_needed(request, num_new_tokens, len(new_computed_blocks), reserve_tokens)
+        # Hit blocks nobody references sit in the free queue: taking them consumes free capacity too.
+        evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if num_new + evictable_hits > self.pool.num_free:
+            return None
+        rid = request.request_id
+        blocks = self.req_blocks.setdefault(rid, [])
+        if new_computed_blocks:
+            self.pool.touch(new_computed_blocks)
+            blocks.extend(new_computed_blocks)
+        new_blocks = self.pool.get_new_blocks(num_new) if num_new else []
+        blocks.extend(new_blocks)
+        if self.enable_caching and request.block_hashes:
+            self._cache_full_blocks(request, blocks, num_new_tokens, len(new_computed_blocks))
+        return new_blocks
+
+    def _cache_full_blocks(self, request: Request, blocks: list[Block], num_new_tokens: int,
+                           num_hit_blocks: int) -> None:
+        # Index every block that is full once this step's tokens are computed (optimistic, as vLLM: the
+        # step that computes them runs before any later lookup can be served).
+        rid = request.request_id
+        num_done = request.num_computed_tokens + num_hit_blocks * self.block_size + num_new_tokens
+        num_full = min(min(num_done, request.num_tokens) // self.block_size, len(request.block_hashes))
+        start = self._num_cached.get(rid, 0)
+        if num_full <= start:
+            return
+        hashes = request.block_hashes
+        for i in range(start, num_full):
+            self.pool.cache_block(blocks[i], hashes[i])
+        self._num_cached[rid] = num_full
+
+    def record_lookup(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
+        self.num_lookup_tokens += num_prompt_tokens
+        self.num_hit_tokens += num_hit_tokens
+
+    def free(self, request: Request) -> list[int]:
+        """Release the request's blocks, tail first (its longest prefixes are evicted first); returns
+        the block ids it held, in table order."""
+        blocks = self.req_blocks.pop(request.request_id, None)
+        self._num_cached.pop(request.request_id, None)
+        if not blocks:
+            return []
+        self.pool.free_blocks(reversed(blocks))
+        return [b.block_id for b in blocks]
+
+    def block_ids(self, request_id: int) -> list[int]:
+        return [b.block_id for b in self.req_blocks.get(request_id, ())]
+
+    def num_held_blocks(self, request_id: int) -> int:
+        return len(self.req_blocks.get(request_id, ()))
+
+    def stats(self, requests: Sequence[Request]) -> KVStats:
+        """Usage now; ``requests`` are the requests holding blocks (the scheduler's running set)."""
+        bs = self.block_size
+        unused = 0
+        tail = 0
+        for req in requests:
+            held = len(self.req_blocks.get(req.request_id, ())) * bs
+            stored = min(req.num_computed_tokens, held)
+            unused += held - stored
+            tail += -stored % bs if stored else 0
+        used_blocks = self.pool.num_used
+        return KVStats(
+            num_blocks=self.pool.num_blocks,
+            num_used_blocks=used_blocks,
+            num_cached_blocks=len(self.pool.cached),
+            num_stored_tokens=used_blocks * bs - unused,
+            num_reserved_unused_slots=unused,
+            num_tail_slack_slots=tail,
+            block_size=bs,
+        )

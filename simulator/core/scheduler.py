@@ -1,0 +1,366 @@
+"""The scheduler: which requests run in the next step, and with how many new tokens.
+
+One rule (vLLM v1's): every request has ``num_tokens`` and ``num_computed_tokens``, and each step hands
+out new tokens so the second catches up with the first. The batching policies differ only in *when* a
+request may be handed tokens:
+
+- ``chunked`` (vLLM v1, Sarathi): running requests first, in admission order, then waiting ones, all
+  under one token budget; prompts are split across steps; no admissions in a step that preempted.
+- ``continuous`` (Orca, vLLM v0, TGI): a step either admits whole prompts (prefill-first) or decodes
+  every running request, never both; TGI's waiting-served ratio can hold prefills back.
+- ``static``: a batch forms only when the replica is idle and runs until its last request finishes.
+
+The KV policy (paged / contiguous / reserve) is a reservation size passed to the KV manager; preemption
+(recompute / swap) is what happens to a victim when the KV manager answers ``None``.
+
+This is the only copy of these policies: the real engine and the simulator both run this class.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Collection, Iterator
+
+from simulator.core.config import Batching, KVPolicy, Preemption, QueuePolicy, SchedulerConfig
+from simulator.core.kv_manager import KVManager, KVStats
+from simulator.core.request import Request, RequestSpec, RequestStatus
+from simulator.core.step import StepPlan, SwapOp
+
+
+class WaitingQueue:
+    """Requests not running: FCFS (a deque; preempted requests go back to the head) or priority
+    (a heap on (priority, arrival, id))."""
+
+    def __init__(self, policy: QueuePolicy) -> None:
+        self.policy = policy
+        self._fifo: deque[Request] = deque()
+        self._heap: list[tuple[int, float, int, Request]] = []
+
+    def __len__(self) -> int:
+        return len(self._fifo) if self.policy is QueuePolicy.FCFS else len(self._heap)
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def push(self, request: Request) -> None:
+        if self.policy is QueuePolicy.FCFS:
+            self._fifo.append(request)
+        else:
+            heapq.heappush(self._heap, (request.priority, request.arrival_s, request.request_id, request))
+
+    def push_front(self, request: Request) -> None:
+        """A preempted request: first in line again under FCFS; under priority its key decides."""
+        if self.policy is QueuePolicy.FCFS:
+            self._fifo.appendleft(request)
+        else:
+            self.push(request)
+
+    def peek(self) -> Request:
+        return self._fifo[0] if self.policy is QueuePolicy.FCFS else self._heap[0][3]
+
+    def pop(self) -> Request:
+        return self._fifo.popleft() if self.policy is QueuePolicy.FCFS else heapq.heappop(self._heap)[3]
+
+    def remove(self, request: Request) -> None:
+        if self.policy is QueuePolicy.FCFS:
+            self._fifo.remove(request)
+        else:
+            self._heap = [e for e in self._heap if e[3] is not request]
+            heapq.heapify(self._heap)
+
+    def __iter__(self) -> Iterator[Request]:
+        if self.policy is QueuePolicy.FCFS:
+            return iter(self._fifo)
+        return (e[3] for e in sorted(self._heap))
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.block_size = config.block_size
+        self.kv = KVManager(config.num_blocks, config.block_size, enable_caching=config.prefix_caching)
+        self.waiting = WaitingQueue(config.queue_policy)
+        self.swapped: deque[Request] = deque()
+        """Swap-preempted requests, resumed in preemption order before any waiting request."""
+        self.running: list[Request] = []
+        """Requests holding KV, in admission order (the order the chunked policy serves them)."""
+        self.requests: dict[int, Request] = {}
+        self._step_ids = itertools.count()
+        self.num_host_blocks_used = 0
+        self.num_preemptions = 0
+        self._steps_since_prefill = 0
+
+    # ----- queue -----------------------------------------------------------------------------------
+
+    def add_request(self, spec: RequestSpec) -> Request:
+        """Queue a request. One that could never be served (longer than max_model_len, or needing more
+        KV than the whole pool) comes back REJECTED and is not queued."""
+        request = Request(spec)
+        cfg = self.config
+        blocks_needed = -(-max(request.max_total_tokens, self._reserve_tokens(request)) // self.block_size)
+        if request.max_total_tokens > cfg.max_model_len or blocks_needed > cfg.num_blocks:
+            request.status = RequestStatus.REJECTED
+            return request
+        self.requests[request.request_id] = request
+        self.waiting.push(request)
+        return request
+
+    def abort(self, request_id: int) -> None:
+        """Drop a request wherever it is, releasing its KV."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+            self.kv.free(request)
+        elif request.status is RequestStatus.SWAPPED:
+            self.swapped.remove(request)
+            self.num_host_blocks_used -= self._cdiv(request.num_swapped_tokens)
+        else:
+            self.waiting.remove(request)
+        request.status = RequestStatus.FINISHED
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting or self.swapped)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) + len(self.swapped)
+
+    def kv_stats(self) -> KVStats:
+        return self.kv.stats(self.running)
+
+    # ----- one step --------------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan(next(self._step_ids))
+        batching = self.config.batching
+        if batching is Batching.CHUNKED:
+            self._schedule_chunked(plan)
+        elif batching is Batching.CONTINUOUS:
+            self._schedule_continuous(plan)
+        else:
+            self._schedule_static(plan)
+        return plan
+
+    def update(self, plan: StepPlan, stopped_ids: Collection[int] = ()) -> list[Request]:
+        """Account a finished step: computed tokens catch up; a request whose computed tokens reach its
+        tokens samples one more; it finishes at its output length (or when the engine says it stopped,
+        e.g. on EOS). Returns the requests that finished, in plan order."""
+        finished: list[Request] = []
+        for request, num_new in zip(plan.requests, plan.num_new_tokens, strict=True):
+            request.num_computed_tokens += num_new
+            if request.num_computed_tokens < request.num_tokens:
+                continue  # a prompt chunk that did not reach the end: nothing sampled
+            request.num_output_tokens += 1
+            if (
+                request.num_output_tokens >= request.max_output_tokens
+                or request.request_id in stopped_ids
+            ):
+                request.status = RequestStatus.FINISHED
+                self.kv.free(request)
+                del self.requests[request.request_id]
+                finished.append(request)
+                plan.finished_ids.append(request.request_id)
+        if finished:
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        return finished
+
+    # ----- policies ------------------------------------------------------------------------------
+
+    def _schedule_chunked(self, plan: StepPlan) -> None:
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        threshold = cfg.long_prefill_token_threshold
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = request.num_tokens - request.num_computed_tokens
+            if threshold:
+                num_new = min(num_new, threshold)
+            num_new = min(num_new, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            scheduled, budget, i = self._allocate_or_preempt(plan, request, num_new, budget, i)
+            if scheduled:
+                preempted = preempted or bool(plan.preempted_ids)
+                plan.add(request, num_new)
+                budget -= num_new
+                i += 1
+            else:
+                preempted = True
+                break  # the request preempted itself: nothing more fits this step
+        preempted = preempted or bool(plan.preempted_ids)
+        if not preempted:
+            self._admit(plan, budget, whole_prompts=not cfg.enable_chunked_prefill)
+
+    def _schedule_continuous(self, plan: StepPlan) -> None:
+        cfg = self.config
+        if self._prefill_allowed():
+            self._admit(plan, cfg.max_num_batched_tokens, whole_prompts=True)
+            if plan.requests:
+                self._steps_since_prefill = 0
+                return  # a prefill step: running requests wait (Orca / vLLM v0 / TGI)
+        self._decode_all(plan)
+        self._steps_since_prefill += 1
+
+    def _schedule_static(self, plan: StepPlan) -> None:
+        if not self.running:
+            self._admit(plan, self.config.max_num_batched_tokens, whole_prompts=True)
+            return
+        self._decode_all(plan)
+
+    def _prefill_allowed(self) -> bool:
+        """TGI's gate: with a batch running, prefill only when enough requests wait (waiting-served
+        ratio) or when decodes have run ``max_waiting_steps`` steps in a row."""
+        if not (self.waiting or self.swapped):
+            return False
+        cfg = self.config
+        if not self.running or cfg.waiting_served_ratio <= 0:
+            return True
+        if cfg.max_waiting_steps and self._steps_since_prefill >= cfg.max_waiting_steps:
+            return True
+        return self.num_waiting >= int(len(self.running) * cfg.waiting_served_ratio)
+
+    def _decode_all(self, plan: StepPlan) -> None:
+        """Every running request gets the tokens it lacks (one, for a decode), preempting on OOM."""
+        budget = self.config.max_num_batched_tokens
+        i = 0
+        while i < len(self.running):
+            request = self.running[i]
+            num_new = request.num_tokens - request.num_computed_tokens
+            if num_new <= 0:
+                i += 1
+                continue
+            scheduled, budget, i = self._allocate_or_preempt(plan, request, num_new, budget, i)
+            if not scheduled:
+                break
+            plan.add(request, num_new)
+            budget -= num_new
+            i += 1
+
+    def _allocate_or_preempt(
+        self, plan: StepPlan, request: Request, num_new: int, budget: int, index: int
+    ) -> tuple[bool, int, int]:
+        """Slots for ``num_new`` tokens of a running request, preempting victims until they fit.
+        Returns (scheduled, budget, index of ``request`` in running)."""
+        reserve = self._reserve_tokens(request)
+        while self.kv.allocate(request, num_new, reserve_tokens=reserve) is None:
+            victim = self._pick_victim()
+            victim_index = self.running.index(victim)
+            budget += self._preempt(victim, plan)
+            if victim is request:
+                return False, budget, index
+            if victim_index < index:
+                index -= 1
+        return True, budget, index
+
+    def _admit(self, plan: StepPlan, budget: int, *, whole_prompts: bool) -> None:
+        """Admit swapped-out then waiting requests in queue order while budget, max_num_seqs and KV
+        allow; stop at the first that does not fit (head-of-line blocking, no skipping ahead)."""
+        cfg = self.config
+        threshold = cfg.long_prefill_token_threshold
+        while budget > 0 and len(self.running) < cfg.max_num_seqs:
+            if self.swapped:
+                if not self._swap_in(plan, budget):
+                    return
+                budget -= plan.num_new_tokens[-1]
+                continue
+            if not self.waiting:
+                return
+            request = self.waiting.peek()
+            hits = self.kv.get_computed_blocks(request) if request.num_computed_tokens == 0 else []
+            num_hit_tokens = len(hits) * self.block_size
+            num_new = request.num_tokens - request.num_computed_tokens - num_hit_tokens
+            if whole_prompts:
+                # Whole prompts only; the first one of a step always goes, so a prompt larger than the
+                # budget is served alone rather than never.
+                if num_new > budget and plan.requests:
+                    return
+            else:
+                if threshold:
+                    num_new = min(num_new, threshold)
+                num_new = min(num_new, budget)
+            if self.kv.allocate(request, num_new, hits, self._reserve_tokens(request)) is None:
+                return
+            self.waiting.pop()
+            if request.status is RequestStatus.WAITING:  # first admission: the hit counts once
+                request.num_cached_tokens = num_hit_tokens
+                self.kv.record_lookup(request.num_prompt_tokens, num_hit_tokens)
+            request.num_computed_tokens += num_hit_tokens
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            plan.admitted_ids.append(request.request_id)
+            plan.add(request, num_new)
+            budget -= num_new
+
+    def _swap_in(self, plan: StepPlan, budget: int) -> bool:
+        request = self.swapped[0]
+        num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+        if self.kv.allocate(request, num_new, reserve_tokens=self._reserve_tokens(request)) is None:
+            return False
+        self.swapped.popleft()
+        self.num_host_blocks_used -= self._cdiv(request.num_swapped_tokens)
+        blocks = self.kv.block_ids(request.request_id)[: self._cdiv(request.num_computed_tokens)]
+        plan.swapped_in.append(SwapOp(request.request_id, request.num_swapped_tokens, tuple(blocks)))
+        request.num_swapped_tokens = 0
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        plan.add(request, num_new)
+        return True
+
+    def _pick_victim(self) -> Request:
+        """FCFS: the most recently admitted running request (vLLM v1 pops the tail of ``running``).
+        Priority: the least urgent, latest arrival."""
+        if self.config.queue_policy is QueuePolicy.FCFS:
+            return self.running[-1]
+        return max(self.running, key=lambda r: (r.priority, r.arrival_s, r.request_id))
+
+    def _preempt(self, victim: Request, plan: StepPlan) -> int:
+        """Take a running request off the device; returns tokens given back to the budget (when the
+        victim had already been scheduled in this plan)."""
+        self.running.remove(victim)
+        returned = plan.remove(victim) if victim in plan.requests else 0
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        plan.preempted_ids.append(victim.request_id)
+        host_blocks = self._cdiv(victim.num_computed_tokens)
+        if (
+            self.config.preemption is Preemption.SWAP
+            and victim.num_computed_tokens > 0
+            and self.num_host_blocks_used + host_blocks <= self.config.num_host_blocks
+        ):
+            blocks = self.kv.block_ids(victim.request_id)[:host_blocks]
+            plan.swapped_out.append(SwapOp(victim.request_id, victim.num_computed_tokens, tuple(blocks)))
+            self.kv.free(victim)
+            self.num_host_blocks_used += host_blocks
+            victim.num_swapped_tokens = victim.num_computed_tokens
+            victim.status = RequestStatus.SWAPPED
+            self.swapped.append(victim)
+        else:
+            self.kv.free(victim)
+            victim.num_computed_tokens = 0
+            victim.status = RequestStatus.PREEMPTED
+            self.waiting.push_front(victim)
+        return returned
+
+    def _reserve_tokens(self, request: Request) -> int:
+        policy = self.config.kv_policy
+        if policy is KVPolicy.PAGED:
+            return 0
+        if policy is KVPolicy.CONTIGUOUS:
+            return self.config.max_model_len
+        return request.max_total_tokens
+
+    def _cdiv(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)

@@ -1,0 +1,120 @@
+"""StepPlan: what the scheduler decided for one engine step, and its shape.
+
+A runner (the real engine) turns a plan into tensors; a cost model looks only at ``plan.shape``. Nothing
+else crosses that seam, so the engine and the simulator see exactly the same decisions.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from simulator.core.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """Everything a cost model may look at for one step."""
+
+    num_seqs: int
+    """Sequences in the step (decodes plus prefill chunks)."""
+    num_new_tokens: int
+    """Tokens run through the model this step (one per decode, the chunk length per prefill)."""
+    num_decode_seqs: int
+    """Sequences with exactly one new token."""
+    decode_context_sum: int
+    """Sum over decode rows of the context attended (computed tokens before the step + 1)."""
+    num_prefill_tokens: int
+    """New tokens of rows with more than one new token."""
+    prefill_attention_pairs: float
+    """Sum over prefill rows of n * (p + n / 2): causal attention pairs of a chunk of n over a prefix p."""
+    num_swap_tokens: int = 0
+    """Tokens of KV moved between device and host memory this step (out plus in); a cost model prices
+    them with the profile's KV bytes per token and the host link bandwidth."""
+
+    @property
+    def num_prefill_seqs(self) -> int:
+        return self.num_seqs - self.num_decode_seqs
+
+    @property
+    def is_empty(self) -> bool:
+        return self.num_seqs == 0 and self.num_swap_tokens == 0
+
+
+@dataclass(frozen=True, slots=True)
+class SwapOp:
+    """Blocks of one request copied between device and host memory."""
+
+    request_id: int
+    num_tokens: int
+    block_ids: tuple[int, ...]
+    """Device blocks read (swap-out, before they are freed) or written (swap-in)."""
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """One step: per scheduled request, the new tokens and the computed tokens before the step."""
+
+    step_id: int
+    requests: list[Request] = field(default_factory=list)
+    """Scheduled requests, in the order the scheduler chose them (running first, then admissions)."""
+    num_new_tokens: list[int] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+    """Computed tokens of each scheduled request before this step (a prefix hit counts as computed)."""
+    preempted_ids: list[int] = field(default_factory=list)
+    """Requests preempted while building this plan (recompute or swap)."""
+    swapped_out: list[SwapOp] = field(default_factory=list)
+    swapped_in: list[SwapOp] = field(default_factory=list)
+    admitted_ids: list[int] = field(default_factory=list)
+    """Requests that left the waiting queue in this step (new, or resumed after recompute)."""
+    finished_ids: list[int] = field(default_factory=list)
+    """Filled by ``Scheduler.update``: requests that produced their last token in this step."""
+    _shape: StepShape | None = None
+
+    def add(self, request: Request, num_new_tokens: int) -> None:
+        self.requests.append(request)
+        self.num_new_tokens.append(num_new_tokens)
+        self.num_computed_tokens.append(request.num_computed_tokens)
+
+    def remove(self, request: Request) -> int:
+        """Drop a request scheduled earlier in this plan (a priority preemption victim); returns its
+        tokens so the caller can give them back to the budget."""
+        index = self.requests.index(request)
+        del self.requests[index]
+        del self.num_computed_tokens[index]
+        return self.num_new_tokens.pop(index)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.requests and not self.swapped_in and not self.swapped_out
+
+    @property
+    def shape(self) -> StepShape:
+        if self._shape is None:
+            self._shape = compute_shape(self)
+        return self._shape
+
+
+def compute_shape(plan: StepPlan) -> StepShape:
+    num_decode = 0
+    decode_ctx = 0
+    prefill_tokens = 0
+    pairs = 0.0
+    for n, p in zip(plan.num_new_tokens, plan.num_computed_tokens, strict=True):
+        if n == 1:
+            num_decode += 1
+            decode_ctx += p + 1
+        else:
+            prefill_tokens += n
+            pairs += n * (p + n / 2)
+    swap = sum(op.num_tokens for op in plan.swapped_out) + sum(op.num_tokens for op in plan.swapped_in)
+    return StepShape(
+        num_seqs=len(plan.requests),
+        num_new_tokens=num_decode + prefill_tokens,
+        num_decode_seqs=num_decode,
+        decode_context_sum=decode_ctx,
+        num_prefill_tokens=prefill_tokens,
+        prefill_attention_pairs=pairs,
+        num_swap_tokens=swap,
+    )

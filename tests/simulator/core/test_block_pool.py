@@ -1,0 +1,185 @@
+"""Block pool and KV manager: exact cases and hypothesis state machines over their invariants."""
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from simulator.core.block_pool import BlockPool
+from simulator.core.kv_manager import KVManager
+from simulator.core.request import Request, RequestSpec
+
+
+def test_free_order_is_lru_and_reverse_within_a_request() -> None:
+    pool = BlockPool(6)
+    a = pool.get_new_blocks(3)  # ids 0 1 2
+    b = pool.get_new_blocks(2)  # ids 3 4
+    assert [blk.block_id for blk in pool.free_queue] == [5]
+    pool.free_blocks(reversed(b))
+    pool.free_blocks(reversed(a))
+    # Freed later = evicted later; within a request the tail block goes first.
+    assert [blk.block_id for blk in pool.free_queue] == [5, 4, 3, 2, 1, 0]
+
+
+def test_cached_block_is_evicted_only_when_popped() -> None:
+    pool = BlockPool(2)
+    (blk,) = pool.get_new_blocks(1)
+    pool.cache_block(blk, 111)
+    pool.free_blocks([blk])
+    assert pool.get_cached_block(111) is blk  # freed but still findable
+    pool.get_new_blocks(1)  # pops block 1, the older free block
+    assert pool.get_cached_block(111) is blk
+    pool.get_new_blocks(1)  # pops block 0: now the hash is gone
+    assert pool.get_cached_block(111) is None
+    assert pool.num_evictions == 1
+
+
+def test_prefix_hit_capped_below_the_last_token() -> None:
+    kv = KVManager(8, 4)
+    first = Request(RequestSpec(0, 0.0, 8, 1, block_hashes=(10, 11)))
+    assert kv.allocate(first, 8) is not None
+    kv.free(first)
+    same = Request(RequestSpec(1, 0.0, 8, 1, block_hashes=(10, 11)))
+    # 8 tokens, both blocks cached, but the last token must be recomputed: one block hits.
+    assert [b.block_hash for b in kv.get_computed_blocks(same)] == [10]
+    longer = Request(RequestSpec(2, 0.0, 9, 1, block_hashes=(10, 11)))
+    assert [b.block_hash for b in kv.get_computed_blocks(longer)] == [10, 11]
+
+
+class BlockPoolMachine(RuleBasedStateMachine):
+    """Random allocate / free / cache / touch sequences against a plain model of refs and queue order."""
+
+    @initialize(num_blocks=st.integers(1, 12))
+    def setup(self, num_blocks: int) -> None:
+        self.pool = BlockPool(num_blocks)
+        self.holders: list[list[int]] = []  # each holder: block ids it references, in order
+        self.model_queue = list(range(num_blocks))
+        self.model_cache: dict[int, int] = {}
+        self.next_hash = 1
+
+    @rule(n=st.integers(1, 4))
+    def allocate(self, n: int) -> None:
+        if n > self.pool.num_free:
+            return
+        blocks = self.pool.get_new_blocks(n)
+        expected, self.model_queue = self.model_queue[:n], self.model_queue[n:]
+        assert [b.block_id for b in blocks] == expected  # popped from the LRU head
+        for bid in expected:
+            self.model_cache = {h: b for h, b in self.model_cache.items() if b != bid}
+        self.holders.append(expected)
+
+    @precondition(lambda self: self.holders)
+    @rule(data=st.data())
+    def free(self, data: st.DataObject) -> None:
+        holder = self.holders.pop(data.draw(st.integers(0, len(self.holders) - 1)))
+        self.pool.free_blocks(self.pool.blocks[i] for i in reversed(holder))
+        for bid in reversed(holder):
+            if self._refs(bid) == 0:
+                self.model_queue.append(bid)
+
+    @precondition(lambda self: self.holders)
+    @rule(data=st.data())
+    def cache(self, data: st.DataObject) -> None:
+        holder = data.draw(st.sampled_from(self.holders))
+        bid = data.draw(st.sampled_from(holder))
+        block = self.pool.blocks[bid]
+        if block.block_hash is None:
+            self.pool.cache_block(block, self.next_hash)
+            self.model_cache[self.next_hash] = bid
+            self.next_hash += 1
+
+    @precondition(lambda self: self.model_cache)
+    @rule(data=st.data())
+    def hit(self, data: st.DataObject) -> None:
+        block_hash = data.draw(st.sampled_from(sorted(self.model_cache)))
+        block = self.pool.get_cached_block(block_hash)
+        assert block is not None and block.block_id == self.model_cache[block_hash]
+        if block.ref_cnt == 0:
+            self.model_queue.remove(block.block_id)
+        self.pool.touch([block])
+        self.holders.append([block.block_id])
+
+    def _refs(self, bid: int) -> int:
+        return sum(h.count(bid) for h in self.holders)
+
+    @invariant()
+    def conserved_and_consistent(self) -> None:
+        queue_ids = [b.block_id for b in self.pool.free_queue]
+        assert queue_ids == self.model_queue  # LRU order as documented
+        assert len(queue_ids) == self.pool.num_free
+        referenced = [b for b in self.pool.blocks if b.ref_cnt > 0]
+        assert len(referenced) + self.pool.num_free == self.pool.num_blocks
+        assert not {b.block_id for b in referenced} & set(queue_ids)
+        for block in self.pool.blocks:
+            assert block.ref_cnt == self._refs(block.block_id)
+        assert {h: b.block_id for h, b in self.pool.cached.items()} == self.model_cache
+
+
+TestBlockPool = BlockPoolMachine.TestCase
+TestBlockPool.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+class KVManagerMachine(RuleBasedStateMachine):
+    """Requests with shared hash prefixes grow, hit the cache and finish; tables and refs stay exact."""
+
+    BS = 4
+
+    @initialize(num_blocks=st.integers(4, 24))
+    def setup(self, num_blocks: int) -> None:
+        self.kv = KVManager(num_blocks, self.BS)
+        self.live: dict[int, Request] = {}
+        self.next_id = 0
+
+    @rule(prefix=st.integers(0, 3), prompt=st.integers(1, 20), family=st.integers(0, 2))
+    def admit(self, prefix: int, prompt: int, family: int) -> None:
+        # Hash chains from three families; requests of a family share their leading blocks.
+        num_full = prompt // self.BS
+        hashes = tuple(family * 1000 + i for i in range(num_full))
+        req = Request(RequestSpec(self.next_id, 0.0, prompt, 4, block_hashes=hashes))
+        self.next_id += 1
+        hits = self.kv.get_computed_blocks(req)
+        # Exactly the blocks holding the longest cached prefix, in order.
+        expected = 0
+        while expected < min(len(hashes), (prompt - 1) // self.BS) and hashes[expected] in self.kv.pool.cached:
+            expected += 1
+        assert [b.block_hash for b in hits] == list(hashes[:expected])
+        chunk = min(prompt - len(hits) * self.BS, 1 + prefix * 3)
+        if self.kv.allocate(req, chunk, hits) is None:
+            return
+        req.num_computed_tokens = len(hits) * self.BS + chunk
+        self.live[req.request_id] = req
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), n=st.integers(1, 6))
+    def grow(self, data: st.DataObject, n: int) -> None:
+        req = self.live[data.draw(st.sampled_from(sorted(self.live)))]
+        if req.num_computed_tokens >= req.num_tokens:
+            req.num_output_tokens += 1  # produce a token so there is one more to compute
+        n = min(n, req.num_tokens - req.num_computed_tokens)
+        if self.kv.allocate(req, n) is not None:
+            req.num_computed_tokens += n
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        req = self.live.pop(data.draw(st.sampled_from(sorted(self.live))))
+        self.kv.free(req)
+
+    @invariant()
+    def tables_match_refs(self) -> None:
+        pool = self.kv.pool
+        counts = [0] * pool.num_blocks
+        for req in self.live.values():
+            table = self.kv.req_blocks.get(req.request_id, [])
+            assert len(table) * self.BS >= req.num_computed_tokens
+            for block in table:
+                counts[block.block_id] += 1
+        assert [b.ref_cnt for b in pool.blocks] == counts
+        assert pool.num_free + sum(1 for c in counts if c) == pool.num_blocks
+        stats = self.kv.stats(list(self.live.values()))
+        assert stats.num_used_blocks == sum(1 for c in counts if c)
+        for block_hash, block in pool.cached.items():
+            assert block.block_hash == block_hash
+
+
+TestKVManager = KVManagerMachine.TestCase
+TestKVManager.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)
