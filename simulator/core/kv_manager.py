@@ -113,12 +113,20 @@ class KVManager:
         admission), and for at least ``reserve_tokens`` tokens in all (contiguous and reserve policies
         allocate their whole reservation up front). Returns the fresh blocks, or None if they do not fit;
         on None nothing changed."""
+        rid = request.request_id
+        held = self.req_blocks.get(rid)
+        if held is not None and not new_computed_blocks:
+            # Fast path (most calls: a decode inside a block it already holds): nothing to pop.
+            num_done = request.num_computed_tokens + num_new_tokens
+            if num_done <= len(held) * self.block_size:
+                if self.enable_caching and num_done // self.block_size > self._num_cached.get(rid, 0):
+                    self._cache_full_blocks(request, held, num_new_tokens, 0)
+                return []
         num_new = self.num_blocks_needed(request, num_new_tokens, len(new_computed_blocks), reserve_tokens)
         # Hit blocks nobody references sit in the free queue: taking them consumes free capacity too.
         evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
         if num_new + evictable_hits > self.pool.num_free:
             return None
-        rid = request.request_id
         blocks = self.req_blocks.setdefault(rid, [])
         if new_computed_blocks:
             self.pool.touch(new_computed_blocks)

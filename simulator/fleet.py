@@ -1,0 +1,111 @@
+"""The fleet: workload -> router -> replicas on one SimPy clock; ``run(scenario)`` -> ``RunResult``.
+
+Variants of a scenario run one after another on the identical request stream (same seed, same arrivals
+and lengths); only what the variant overrides differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+
+import simpy
+
+from simulator.cost_model import CostModel
+from simulator.metrics import (
+    ProfileInfo,
+    ReplicaSeries,
+    RequestLog,
+    RunResult,
+    VariantResult,
+    fleet_kv_util_mean,
+    summarize,
+)
+from simulator.profile import get_accelerator
+from simulator.replica import Replica
+from simulator.router import RouterState, make_router
+from simulator.scenario import LoadedScenario, Scenario, resolve_replica, scenario_record
+from simulator.workload import Workload, generate
+
+ProgressFn = Callable[[str, int, int], None]
+"""progress(variant, requests arrived so far, total requests)."""
+
+
+def run(loaded: LoadedScenario, *, progress: ProgressFn | None = None) -> RunResult:
+    """Simulate every variant of a scenario on the same request stream."""
+    variants = loaded.variants()
+    workloads: dict[tuple[str, int], Workload] = {}
+    results = {}
+    for name, scenario in variants.items():
+        setup = resolve_replica(scenario)
+        key = (scenario.workload.model_dump_json(), setup.scheduler.block_size)
+        if key not in workloads:  # hashes depend on the block size; arrivals and lengths do not
+            workloads[key] = generate(scenario.workload, seed=scenario.seed,
+                                      block_size=setup.scheduler.block_size, base_dir=loaded.base_dir)
+        results[name] = simulate(scenario, workloads[key], name=name, progress=progress)
+    record = {name: scenario_record(sc) for name, sc in variants.items()}
+    return RunResult(scenario_name=loaded.scenario.name, variants=results, scenario=record)
+
+
+def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
+             progress: ProgressFn | None = None) -> VariantResult:
+    """One variant: build the replicas and the router, replay the workload, summarise."""
+    setup = resolve_replica(scenario)
+    profile = setup.profile
+    env = simpy.Environment()
+    cost = CostModel(profile)
+    num_requests = len(workload)
+    log = RequestLog(num_requests)
+    sim = scenario.simulation
+    latency_s = scenario.network.latency_ms / 1000.0
+    replicas = [
+        Replica(env, i, setup.scheduler, cost, log, ReplicaSeries(i, sim.sample_interval_s),
+                network_latency_s=latency_s)
+        for i in range(scenario.fleet.replicas)
+    ]
+    router = make_router(scenario.router, len(replicas), scenario.seed)
+    state = RouterState(replicas, scenario.router.refresh_s)
+
+    def arrivals() -> Generator[simpy.Event, None, None]:
+        report_every = max(1, num_requests // 100)
+        for spec in workload:
+            delay = spec.arrival_s - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            rid = spec.request_id
+            log.on_arrival(rid, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, spec.session_id)
+            index = state.route(router, spec, env.now)
+            log.on_routed(rid, index)
+            replicas[index].submit(spec)
+            if progress is not None and (rid + 1) % report_every == 0:
+                progress(name, rid + 1, num_requests)
+
+    env.process(arrivals())
+    env.run(until=sim.horizon_s)
+    end_s = env.now if sim.horizon_s is None else sim.horizon_s
+    end_s = max(end_s, 1e-9)
+    for replica in replicas:
+        replica.series.close(end_s)
+    hits = sum(r.scheduler.kv.num_hit_tokens for r in replicas)
+    lookups = sum(r.scheduler.kv.num_lookup_tokens for r in replicas)
+    try:
+        price = get_accelerator(scenario.fleet.hardware).price_usd_per_gpu_hour
+    except Exception:  # a calibration device (a CPU) has no list price: cost is simply not reported
+        price = None
+    summary = summarize(
+        log,
+        duration_s=end_s,
+        slo=scenario.slo,
+        num_gpus=scenario.fleet.replicas * scenario.fleet.tp,
+        usd_per_gpu_hour=scenario.cost.resolve_price(price),
+        kv_util_mean=fleet_kv_util_mean([r.series for r in replicas], warmup_s=sim.warmup_s),
+        prefix_hit_rate=hits / lookups if lookups else 0.0,
+        preemptions=sum(r.scheduler.num_preemptions for r in replicas),
+        warmup_s=sim.warmup_s,
+    )
+    return VariantResult(
+        name=name,
+        requests=log,
+        series=[r.series for r in replicas],
+        summary=summary,
+        profile=ProfileInfo(name=profile.name, kind="measured" if profile.is_measured else "analytic"),
+    )

@@ -1,0 +1,424 @@
+"""Profile: the measured (or analytic) cost model of one (hardware, model, tp, dtype), as a YAML contract.
+
+Calibration writes profiles with these models; the simulator reads them. This module lives in the
+simulator package because dependencies point one way (calibration may import the simulator, never the
+reverse). Shipped profiles are data files in ``calibration/profiles/``, found by path, not by import.
+
+It must never import ``calibration`` or torch. Loading errors become one ``ConfigError`` naming the file
+and the field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from simulator.errors import ConfigError
+
+SCHEMA_VERSION: Literal[1] = 1
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class ProfileKind(StrEnum):
+    MEASURED = "measured"
+    """Coefficients fitted to step timings of the real engine on the named hardware."""
+    ANALYTIC = "analytic"
+    """Coefficients derived from datasheet figures and assumed efficiencies; never measured."""
+
+
+class DeviceCoefficients(_Frozen):
+    """Device (GPU) time of one step: research §4.3,
+    ``a0 + smoothmax(W, f·N) + k·Σctx + q·Σpairs + s·B``."""
+
+    a0_s: float = Field(ge=0)
+    """Fixed time of every non-empty step, seconds (kernels whose cost does not scale with the batch)."""
+    weight_s: float = Field(ge=0)
+    """W_eff: flat weight-read time, seconds (weight bytes / achieved bandwidth); the floor of small steps."""
+    per_token_s: float = Field(ge=0)
+    """f: seconds per new token once GEMMs are compute-bound (≈ 2·params / achieved FLOP rate)."""
+    knee_p: float = Field(default=4.0, gt=0)
+    """Smoothmax exponent p in (W^p + (f·N)^p)^(1/p); larger is a sharper memory/compute knee."""
+    per_ctx_token_s: float = Field(ge=0)
+    """k: seconds per context token read by decode attention (KV bytes per token / bandwidth)."""
+    per_attn_pair_s: float = Field(ge=0)
+    """q: seconds per causal attention pair of a prefill chunk (4·d_head·H_q·layers / FLOP rate)."""
+    per_seq_s: float = Field(ge=0)
+    """s: seconds per sequence in the step (sampling, logits, per-sequence metadata)."""
+
+
+class HostCoefficients(_Frozen):
+    """Host (CPU) overhead of one step: ``h0 + h1·B + h2·N``, kept apart from device time because it is
+    what differs between engines and between CPU and GPU."""
+
+    h0_s: float = Field(default=0.0, ge=0)
+    """Fixed host seconds per step (schedule, input preparation, launch, sync)."""
+    per_seq_s: float = Field(default=0.0, ge=0)
+    """Host seconds per sequence in the step."""
+    per_token_s: float = Field(default=0.0, ge=0)
+    """Host seconds per new token in the step."""
+
+
+class CommModel(_Frozen):
+    """Tensor-parallel all-reduce cost, added to device time: per call ``α + 2(p−1)/p · bytes / BW``."""
+
+    alpha_s: float = Field(ge=0)
+    """Latency of one all-reduce call, seconds."""
+    bus_bandwidth_Bps: float = Field(gt=0)
+    """All-reduce bus bandwidth, bytes/s (nccl-tests busbw convention)."""
+    num_allreduce_per_layer: int = Field(default=2, ge=0)
+    """All-reduces per decoder layer (Megatron: one after attention, one after the MLP)."""
+    num_layers: int = Field(ge=1)
+    """Decoder layers of the full model."""
+    hidden_size: int = Field(ge=1)
+    """Elements per token in each all-reduce (the model's hidden size)."""
+    dtype_bytes: int = Field(default=2, ge=1)
+    """Bytes per element of the all-reduced activations (2 for bf16)."""
+
+
+class MemoryFigures(_Frozen):
+    """Per-GPU memory: what sizes the KV pool of one replica."""
+
+    kv_bytes_per_token: int = Field(gt=0)
+    """KV cache bytes one token occupies on one GPU (2 · layers · KV heads per rank · head dim · dtype)."""
+    kv_capacity_tokens: int = Field(ge=0)
+    """KV tokens one replica holds: as measured on the engine, or derived
+    (HBM · memory_fraction − weights − activations) / kv_bytes_per_token."""
+    weight_bytes: int = Field(ge=0)
+    """Model weight bytes resident on one GPU."""
+    device_memory_bytes: int = Field(gt=0)
+    """Memory of one GPU, bytes."""
+    memory_fraction: float = Field(default=0.9, gt=0, le=1)
+    """Fraction of device memory the engine may use (vLLM's gpu_memory_utilization, default 0.9)."""
+    activation_bytes: int = Field(default=0, ge=0)
+    """Bytes reserved for activations, CUDA graphs and workspace besides weights and KV."""
+
+
+class ValidRange(_Frozen):
+    """The largest shapes in the profiling grid: outside them the profile extrapolates."""
+
+    max_batch: int = Field(ge=1)
+    """Largest number of sequences in one profiled step."""
+    max_context: int = Field(ge=1)
+    """Longest context (tokens) of one profiled sequence."""
+    max_chunk: int = Field(ge=1)
+    """Largest prefill chunk (tokens) profiled."""
+
+
+class FitError(_Frozen):
+    """Held-out error of the fit (k-fold over the grid points)."""
+
+    mape: float = Field(ge=0)
+    """Mean absolute percentage error on held-out points, as a fraction (0.03 = 3 %)."""
+    max_error: float = Field(ge=0)
+    """Largest relative error on a held-out point, as a fraction."""
+    r2: float
+    """Coefficient of determination of held-out predictions against observations."""
+    num_points: int = Field(ge=1)
+    """Grid points fitted."""
+    num_folds: int = Field(ge=1)
+    """Folds of the cross-validation."""
+
+
+class Provenance(_Frozen):
+    """Where the numbers came from."""
+
+    device_name: str
+    """Device the timings were taken on (e.g. 'NVIDIA H200'), or 'datasheet' for analytic profiles."""
+    library_versions: dict[str, str] = Field(default_factory=dict)
+    """Versions of torch, triton, CUDA and the like used to measure."""
+    date: str
+    """ISO date the profile was produced."""
+    git_revision: str | None = None
+    """fleetsim git revision that produced it, if known."""
+    raw_timings_sha256: str | None = None
+    """sha256 of the raw timings file the fit read (None for analytic profiles)."""
+    source: str
+    """Free text: how the numbers were obtained, and every assumption behind them."""
+
+
+class Profile(_Frozen):
+    """Cost model of one replica of one model on one kind of hardware."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    """Version of this schema; bumped on incompatible changes."""
+    name: str
+    """Identifier, by convention the file stem: '{hardware}-{model}-tp{tp}-{kind}'."""
+    hardware: str
+    """Accelerator name as in calibration/hardware.yaml (e.g. 'H200')."""
+    model: str
+    """Model name as in calibration/engine/configs.py (e.g. 'llama-3-8b')."""
+    tp: int = Field(ge=1)
+    """Tensor-parallel degree: GPUs per replica."""
+    dtype: str = "bfloat16"
+    """Weight and KV dtype."""
+    kind: ProfileKind
+    """measured (fitted to engine timings) or analytic (datasheet + assumptions)."""
+    derived_from: str | None = None
+    """For an analytic profile: the measured profile whose efficiency factors it carries over."""
+    device_s: DeviceCoefficients
+    """Device-time coefficients."""
+    host_s: HostCoefficients = HostCoefficients()
+    """Host-overhead coefficients."""
+    overlap_host: bool = False
+    """True when host work overlaps the device step (step = max(device, host)); else they add."""
+    comm: CommModel | None = None
+    """All-reduce terms added to device time; None at tp 1 or when the coefficients already include them."""
+    memory: MemoryFigures
+    """Per-GPU memory figures."""
+    host_link_Bps: float = Field(gt=0)
+    """Device↔host bandwidth per direction, bytes/s: prices swap preemption."""
+    cuda_graph_batch_sizes: tuple[int, ...] = ()
+    """Batch buckets the engine pads decode-only steps to (CUDA graphs); empty = no padding."""
+    valid_range: ValidRange | None = None
+    """Largest profiled shapes (None for analytic profiles)."""
+    fit_error: FitError | None = None
+    """Held-out fit error (None for analytic profiles)."""
+    provenance: Provenance
+    """Origin of the numbers."""
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> Profile:
+        if self.derived_from is not None and self.kind is not ProfileKind.ANALYTIC:
+            raise ValueError("derived_from is only meaningful for an analytic profile")
+        if any(b < 1 for b in self.cuda_graph_batch_sizes) or list(self.cuda_graph_batch_sizes) != sorted(
+            set(self.cuda_graph_batch_sizes)
+        ):
+            raise ValueError("cuda_graph_batch_sizes must be positive and strictly increasing")
+        return self
+
+    @property
+    def is_measured(self) -> bool:
+        return self.kind is ProfileKind.MEASURED
+
+    @property
+    def label(self) -> str:
+        """How the profile is shown to users: an analytic profile always says it was not measured."""
+        if self.is_measured:
+            return f"{self.name} (measured on {self.provenance.device_name})"
+        carried = f", efficiencies from {self.derived_from}" if self.derived_from else ""
+        return f"{self.name} (analytic, not measured{carried})"
+
+    def kv_capacity_tokens(self, memory_fraction: float | None = None) -> int:
+        """KV tokens of one replica; at another memory fraction, re-derived from the memory figures."""
+        mem = self.memory
+        if memory_fraction is None or memory_fraction == mem.memory_fraction:
+            return mem.kv_capacity_tokens
+        # Scale from the stated capacity so a measured capacity stays the anchor: the extra (or missing)
+        # memory is the only thing that changes.
+        delta_bytes = (memory_fraction - mem.memory_fraction) * mem.device_memory_bytes
+        return max(0, mem.kv_capacity_tokens + int(delta_bytes // mem.kv_bytes_per_token))
+
+    def kv_capacity_blocks(self, block_size: int, memory_fraction: float | None = None) -> int:
+        """KV blocks of ``block_size`` tokens one replica holds."""
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        return self.kv_capacity_tokens(memory_fraction) // block_size
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, width=110)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_yaml())
+        return path
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hardware datasheet figures (calibration/hardware.yaml). The schema lives here so the simulator can read
+# prices and memory sizes without importing calibration.
+
+
+class Accelerator(_Frozen):
+    """Datasheet figures of one accelerator; every figure names its source in ``sources``."""
+
+    full_name: str
+    """Vendor product name (form factor and memory size included)."""
+    hbm_bytes: float = Field(gt=0)
+    """Device memory, bytes (decimal, as the datasheet states it)."""
+    memory_bandwidth_Bps: float = Field(gt=0)
+    """Peak device-memory bandwidth, bytes/s."""
+    dense_bf16_flops: float = Field(gt=0)
+    """Peak dense (no sparsity) BF16 tensor-core rate, FLOP/s."""
+    nvlink_bidirectional_Bps: float | None = Field(default=None, gt=0)
+    """GPU-to-GPU NVLink bandwidth per GPU, both directions together, bytes/s; None = no NVLink."""
+    host_link_bidirectional_Bps: float = Field(gt=0)
+    """Host link (PCIe) bandwidth per GPU, both directions together, bytes/s."""
+    price_usd_per_gpu_hour: float = Field(gt=0)
+    """Typical public on-demand price of one GPU for one hour, USD."""
+    sources: dict[str, str]
+    """Source of each figure above, keyed by field name."""
+
+    @model_validator(mode="after")
+    def _every_figure_sourced(self) -> Accelerator:
+        figures = [n for n in type(self).model_fields if n not in ("full_name", "sources")]
+        missing = [n for n in figures if n not in self.sources]
+        if missing:
+            raise ValueError(f"figures without a source: {', '.join(missing)}")
+        return self
+
+
+class HardwareTable(_Frozen):
+    """The contents of calibration/hardware.yaml."""
+
+    schema_version: Literal[1] = 1
+    """Version of this schema."""
+    accelerators: dict[str, Accelerator]
+    """Accelerators by short name (e.g. 'H200')."""
+
+
+def hardware_path() -> Path:
+    """Where the datasheet table lives (a data file of the calibration package, found by path)."""
+    import simulator
+
+    return Path(simulator.__file__).resolve().parent.parent / "calibration" / "hardware.yaml"
+
+
+def load_hardware(path: str | Path | None = None) -> dict[str, Accelerator]:
+    """All accelerators of the datasheet table, by short name."""
+    path = Path(path) if path is not None else hardware_path()
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"cannot read hardware table: {err}", file=path) from None
+    try:
+        return dict(HardwareTable.model_validate(data).accelerators)
+    except ValidationError as err:
+        raise config_error_from_validation(err, HardwareTable, file=path) from None
+
+
+def get_accelerator(name: str, table: dict[str, Accelerator] | None = None) -> Accelerator:
+    """One accelerator by short name (any case); an unknown name is a ConfigError with a suggestion."""
+    table = table if table is not None else load_hardware()
+    if name in table:
+        return table[name]
+    # Profile file names spell hardware in lower case ('h200-...'); accept either spelling.
+    folded = {key.lower(): value for key, value in table.items()}
+    if name.lower() in folded:
+        return folded[name.lower()]
+    known = list(table)
+    raise ConfigError(
+        f"unknown hardware {name!r}{_suggest(name, known)}; known: {', '.join(known)}", field="hardware"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Finding and loading profiles
+
+
+def profiles_dir() -> Path:
+    """Where shipped profiles live (a data folder of the calibration package, found by path)."""
+    import simulator
+
+    return Path(simulator.__file__).resolve().parent.parent / "calibration" / "profiles"
+
+
+def list_profiles() -> list[str]:
+    """Names (file stems) of the shipped profiles, sorted."""
+    folder = profiles_dir()
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def resolve_profile_path(name_or_path: str | Path) -> Path:
+    """A path as given if it names a file; else a shipped profile of that name."""
+    text = str(name_or_path)
+    candidate = Path(text)
+    if candidate.suffix in (".yaml", ".yml") or candidate.is_file():
+        if not candidate.is_file():
+            raise ConfigError("profile file not found", file=candidate)
+        return candidate
+    shipped = profiles_dir() / f"{text}.yaml"
+    if shipped.is_file():
+        return shipped
+    known = list_profiles()
+    raise ConfigError(f"unknown profile {text!r}{_suggest(text, known)}; known: {', '.join(known)}")
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """Load and validate a profile by shipped name (file stem) or by path."""
+    path = resolve_profile_path(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"not valid YAML: {err}", file=path) from None
+    return parse_profile(data, file=path)
+
+
+def parse_profile(data: Any, *, file: str | Path | None = None) -> Profile:
+    """Validate a mapping as a Profile; errors become one ConfigError naming file and field."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"a profile must be a mapping, got {type(data).__name__}", file=file)
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as err:
+        raise config_error_from_validation(err, Profile, file=file) from None
+
+
+def config_error_from_validation(
+    err: ValidationError, model: type[BaseModel], *, file: str | Path | None = None
+) -> ConfigError:
+    """The first pydantic error as a ConfigError: field path joined by '.', and for an unknown key the
+    closest allowed key (reusable by any strict YAML loader built on pydantic).
+
+    An unknown key is reported before anything else: a misspelt key also makes its intended field
+    "missing", and the misspelling is the error the user needs to see."""
+    errors = err.errors()
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    loc = tuple(first["loc"])
+    field = ".".join(str(part) for part in loc) or None
+    if first["type"] == "extra_forbidden":
+        allowed = _allowed_keys(model, loc[:-1])
+        key = str(loc[-1])
+        return ConfigError(f"unknown key {key!r}{_suggest(key, allowed)}", file=file, field=field)
+    message = first["msg"]
+    if first["type"] not in ("missing",) and "input" in first:
+        message = f"{message} (got {first['input']!r})"
+    return ConfigError(message, file=file, field=field)
+
+
+def _suggest(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the sub-model at ``loc`` (skipping list indices and dict keys)."""
+    current: Any = model
+    for part in loc:
+        current = _submodel(current, part)
+        if current is None:
+            return []
+    return list(current.model_fields) if _is_model(current) else []
+
+
+def _submodel(current: Any, part: Any) -> Any:
+    if _is_model(current):
+        info = current.model_fields.get(str(part))
+        return _unwrap(info.annotation) if info is not None else None
+    # A container level (list index or dict key): descend into its item type.
+    args = typing.get_args(current)
+    return _unwrap(args[-1]) if args else None
+
+
+def _unwrap(annotation: Any) -> Any:
+    """Strip Optional / unions down to the first BaseModel member, if any."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union or origin is types.UnionType:
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        models = [m for m in members if _is_model(m)]
+        return models[0] if models else (members[0] if members else None)
+    return annotation
+
+
+def _is_model(obj: Any) -> bool:
+    return isinstance(obj, type) and issubclass(obj, BaseModel)

@@ -1,0 +1,417 @@
+"""RunResult → one self-contained HTML report (plotly), readable offline.
+
+plotly.js is inlined exactly once (the first figure carries it, the others reference it), so the file opens
+on an air-gapped machine. Every plot is downsampled before it is serialised — CDFs to at most
+``CDF_POINTS`` quantiles, time series to at most ``TIME_POINTS`` buckets — and arrays travel as float32
+binary, so a report of a million requests weighs little more than plotly.js itself (~5 MB).
+
+This module only reads a RunResult; it computes nothing that the Summary does not already define, except
+the plotted curves.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from simulator.metrics import RequestOutcome, RunResult, Summary, VariantResult
+
+__all__ = ["CDF_POINTS", "MAX_REPLICA_LINES", "TIME_POINTS", "render_report"]
+
+CDF_POINTS = 500
+"""Quantile points per CDF curve: smooth at screen resolution, independent of the number of requests."""
+TIME_POINTS = 400
+"""Most buckets per time-series curve."""
+MAX_REPLICA_LINES = 16
+"""Above this many replicas, KV use is drawn as a min / mean / max band instead of one line each."""
+
+_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+_AXIS = {"showgrid": True, "gridcolor": "#e5e5e5", "zeroline": False, "linecolor": "#444", "showline": True}
+_LAYOUT = {
+    # No plotly template: a template is copied into every figure (~10 kB each, and slow to build);
+    # the few style settings we want are spelled out here instead.
+    "template": "none",
+    "font": {"family": "system-ui, sans-serif", "size": 12},
+    "xaxis": _AXIS,
+    "yaxis": _AXIS,
+    "height": 360,
+    "margin": {"l": 60, "r": 20, "t": 50, "b": 50},
+    "legend": {"orientation": "h", "y": -0.2},
+    "hovermode": "x unified",
+}
+
+
+def _color(i: int) -> str:
+    return _COLORS[i % len(_COLORS)]
+
+
+def _f32(values: np.ndarray) -> np.ndarray:
+    # float32 halves the payload; 7 significant digits is far beyond what a plot can show.
+    return np.asarray(values, dtype=np.float32)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Curves
+# --------------------------------------------------------------------------------------------------------
+
+
+def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(x, F(x)) of the empirical CDF, at most CDF_POINTS points."""
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return np.zeros(0), np.zeros(0)
+    if values.size <= CDF_POINTS:
+        x = np.sort(values)
+        return x, np.arange(1, x.size + 1) / x.size
+    q = np.linspace(0.0, 1.0, CDF_POINTS)
+    return np.quantile(values, q), q
+
+
+def _rate(times: np.ndarray, end_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Events per second in equal bins over [0, end_s]; x is the bin centre."""
+    num_bins = int(min(TIME_POINTS, max(1, math.ceil(end_s))))
+    edges = np.linspace(0.0, end_s, num_bins + 1)
+    counts, _ = np.histogram(times[np.isfinite(times)], bins=edges)
+    width = edges[1] - edges[0]
+    return (edges[:-1] + edges[1:]) / 2, counts / width
+
+
+def _bucketed(frame: pd.DataFrame, how: Callable[[Any], pd.DataFrame]) -> pd.DataFrame:
+    """Rows of a time-indexed frame grouped into at most TIME_POINTS consecutive buckets."""
+    step = max(1, math.ceil(len(frame) / TIME_POINTS))
+    buckets = np.arange(len(frame)) // step
+    out = how(frame.groupby(buckets))
+    out.index = frame.index.to_numpy()[::step][: len(out)]
+    return out
+
+
+def _pivot(series: pd.DataFrame, value: str) -> pd.DataFrame:
+    """time × replica table of ``value``; a replica that stopped reporting keeps its last value."""
+    table = series.pivot_table(index="time_s", columns="replica", values=value, aggfunc="last")
+    return table.sort_index().ffill().fillna(0)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Figures
+# --------------------------------------------------------------------------------------------------------
+
+
+def _figure(title: str, xaxis: str, yaxis: str, **layout: object) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=title, xaxis_title=xaxis, yaxis_title=yaxis, **{**_LAYOUT, **layout})
+    return fig
+
+
+class _Requests:
+    """The per-request arrays the plots need, computed once per variant without building a DataFrame
+    (a million-row frame costs more than every plot together)."""
+
+    def __init__(self, variant: VariantResult) -> None:
+        log = variant.requests
+        c = log.columns()
+        done = log.outcomes()[RequestOutcome.COMPLETED]
+        self.arrival_s = c["arrival_s"][~np.isnan(c["arrival_s"])]
+        self.finish_s = c["finish_s"][done]
+        # Latency curves cover completed requests only, like the Summary's percentiles.
+        self.latency_ms = {k: v[done] for k, v in log.latencies_ms().items()}
+        ends = [a[np.isfinite(a)] for a in (c["arrival_s"], c["finish_s"], c["rejected_s"])]
+        self.end_s = max((float(a.max()) for a in ends if a.size), default=0.0)
+
+
+def _cdf_figure(result: RunResult, reqs: dict[str, _Requests], metric: str, label: str) -> go.Figure:
+    fig = _figure(f"{label} CDF (completed requests)", f"{label} (ms)", "fraction of requests", hovermode="closest")
+    for i, name in enumerate(result.variants):
+        x, y = _cdf(reqs[name].latency_ms[metric])
+        fig.add_trace(go.Scatter(x=_f32(x), y=_f32(y), mode="lines", name=name, line={"color": _color(i)}))
+    fig.update_yaxes(range=[0, 1.01])
+    return fig
+
+
+def _throughput_figure(result: RunResult, reqs: dict[str, _Requests], end_s: float) -> go.Figure:
+    fig = _figure("Throughput over time", "time (s)", "requests / s")
+    base_arrivals: np.ndarray | None = None
+    for i, name in enumerate(result.variants):
+        x, y = _rate(reqs[name].finish_s, end_s)
+        fig.add_trace(
+            go.Scatter(x=_f32(x), y=_f32(y), mode="lines", name=f"{name} completions", line={"color": _color(i)})
+        )
+        arrivals = reqs[name].arrival_s
+        # Variants usually share one request stream: draw the offered load once, unless a variant changed it.
+        if base_arrivals is None or not np.array_equal(arrivals, base_arrivals):
+            x, y = _rate(arrivals, end_s)
+            label = "arrivals" if base_arrivals is None else f"{name} arrivals"
+            fig.add_trace(
+                go.Scatter(
+                    x=_f32(x),
+                    y=_f32(y),
+                    mode="lines",
+                    name=label,
+                    line={"color": "#7f7f7f" if base_arrivals is None else _color(i), "dash": "dot"},
+                )
+            )
+            base_arrivals = arrivals if base_arrivals is None else base_arrivals
+    return fig
+
+
+def _queue_figure(result: RunResult, series: dict[str, pd.DataFrame]) -> go.Figure:
+    fig = _figure("Waiting requests over time (all replicas)", "time (s)", "waiting requests")
+    for i, name in enumerate(result.variants):
+        if series[name].empty:
+            continue
+        total = _pivot(series[name], "waiting").sum(axis=1).to_frame("waiting")
+        total = _bucketed(total, lambda g: g.mean())
+        fig.add_trace(
+            go.Scatter(
+                x=_f32(total.index.to_numpy()),
+                y=_f32(total["waiting"].to_numpy()),
+                mode="lines",
+                name=name,
+                line={"color": _color(i)},
+            )
+        )
+    return fig
+
+
+def _kv_figure(variant: VariantResult, series: pd.DataFrame, index: int) -> go.Figure:
+    fig = _figure(f"KV cache use per replica — {variant.name}", "time (s)", "KV blocks used / capacity")
+    fig.update_yaxes(range=[0, 1.02])
+    if series.empty:
+        return fig
+    table = _pivot(series, "kv_util")
+    if table.shape[1] <= MAX_REPLICA_LINES:
+        table = _bucketed(table, lambda g: g.mean())
+        for j, replica in enumerate(table.columns):
+            fig.add_trace(
+                go.Scatter(
+                    x=_f32(table.index.to_numpy()),
+                    y=_f32(table[replica].to_numpy()),
+                    mode="lines",
+                    name=f"replica {replica}",
+                    line={"color": _color(j)},
+                )
+            )
+        return fig
+    stats = pd.DataFrame({"min": table.min(axis=1), "mean": table.mean(axis=1), "max": table.max(axis=1)})
+    stats = _bucketed(stats, lambda g: g.agg({"min": "min", "mean": "mean", "max": "max"}))
+    x = _f32(stats.index.to_numpy())
+    color = _color(index)
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=_f32(stats["max"].to_numpy()),
+            mode="lines",
+            name="max over replicas",
+            line={"color": color, "width": 0.5},
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=_f32(stats["min"].to_numpy()),
+            mode="lines",
+            name="min over replicas",
+            line={"color": color, "width": 0.5},
+            fill="tonexty",
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=_f32(stats["mean"].to_numpy()),
+            mode="lines",
+            name="mean",
+            line={"color": color, "width": 2},
+        )
+    )
+    return fig
+
+
+def _prefix_figure(result: RunResult, series: dict[str, pd.DataFrame]) -> go.Figure:
+    fig = _figure(
+        "Prefix-cache hit rate over time (fleet, per bucket)",
+        "time (s)",
+        "prompt tokens from cache / prompt tokens",
+    )
+    fig.update_yaxes(range=[0, 1.02])
+    for i, name in enumerate(result.variants):
+        if series[name].empty:
+            continue
+        cum = pd.DataFrame(
+            {
+                "hit": _pivot(series[name], "prefix_hit_tokens_cum").sum(axis=1),
+                "prompt": _pivot(series[name], "prompt_tokens_cum").sum(axis=1),
+            }
+        )
+        # Windowed rate from the cumulative counters at bucket ends, so no prompt token is lost between
+        # buckets; NaN where no prompt was admitted in the bucket.
+        last = _bucketed(cum, lambda g: g.last())
+        d_hit = np.diff(last["hit"].to_numpy(dtype=np.float64), prepend=0.0)
+        d_prompt = np.diff(last["prompt"].to_numpy(dtype=np.float64), prepend=0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate = np.where(d_prompt > 0, d_hit / d_prompt, np.nan)
+        fig.add_trace(
+            go.Scatter(
+                x=_f32(last.index.to_numpy()),
+                y=_f32(rate),
+                mode="lines",
+                name=name,
+                line={"color": _color(i)},
+                connectgaps=False,
+            )
+        )
+    return fig
+
+
+# --------------------------------------------------------------------------------------------------------
+# Page
+# --------------------------------------------------------------------------------------------------------
+
+_ROWS: Sequence[tuple[str, str, str]] = (
+    # (Summary field, label, format)
+    ("requests_arrived", "requests arrived", "int"),
+    ("requests_completed", "completed", "int"),
+    ("requests_in_flight", "in flight at end", "int"),
+    ("requests_rejected", "rejected", "int"),
+    ("ttft_p50_ms", "TTFT p50 (ms)", "num"),
+    ("ttft_p90_ms", "TTFT p90 (ms)", "num"),
+    ("ttft_p99_ms", "TTFT p99 (ms)", "num"),
+    ("tpot_p50_ms", "TPOT p50 (ms)", "num"),
+    ("tpot_p90_ms", "TPOT p90 (ms)", "num"),
+    ("tpot_p99_ms", "TPOT p99 (ms)", "num"),
+    ("e2e_p50_ms", "E2E p50 (ms)", "num"),
+    ("e2e_p90_ms", "E2E p90 (ms)", "num"),
+    ("e2e_p99_ms", "E2E p99 (ms)", "num"),
+    ("queue_p50_ms", "queue delay p50 (ms)", "num"),
+    ("queue_p99_ms", "queue delay p99 (ms)", "num"),
+    ("throughput_rps", "throughput (req/s)", "num"),
+    ("throughput_tok_s", "output throughput (tok/s)", "num"),
+    ("goodput_rps", "goodput (req/s)", "num"),
+    ("slo_attainment", "SLO attainment", "pct"),
+    ("kv_util_mean", "mean KV use", "pct"),
+    ("prefix_hit_rate", "prefix-cache hit rate", "pct"),
+    ("preemptions", "preemptions", "int"),
+    ("num_gpus", "GPUs", "int"),
+    ("cost_per_mtok_usd", "cost ($ / M output tokens)", "usd"),
+    ("duration_s", "measured duration (s)", "num"),
+)
+
+
+def _fmt(value: float | int | bool, kind: str) -> str:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "—"
+    if kind == "int":
+        return f"{int(value):,}"
+    if kind == "pct":
+        return f"{100 * float(value):.1f} %"
+    if kind == "usd":
+        return f"${float(value):#.3g}" if abs(float(value)) < 1000 else f"${float(value):,.0f}"
+    v = float(value)
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
+
+
+def _summary_table(result: RunResult) -> str:
+    names = list(result.variants)
+    head = "".join(f"<th>{html.escape(n)}</th>" for n in names)
+    rows = []
+    verdicts = []
+    for name in names:
+        s: Summary = result.variants[name].summary
+        cls, word = ("ok", "SLO met") if s.slo_met else ("fail", "SLO missed")
+        target = _fmt(s.slo_target_attainment, "pct")
+        verdicts.append(f'<td><span class="verdict {cls}">{word}</span><br><small>target {target}</small></td>')
+    rows.append(f"<tr><th>verdict</th>{''.join(verdicts)}</tr>")
+    for attr, label, kind in _ROWS:
+        cells = "".join(f"<td>{_fmt(getattr(result.variants[n].summary, attr), kind)}</td>" for n in names)
+        rows.append(f"<tr><th>{html.escape(label)}</th>{cells}</tr>")
+    profiles = "".join(
+        f"<td>{html.escape(v.profile.name)} ({html.escape(v.profile.kind)})</td>" for v in result.variants.values()
+    )
+    rows.append(f"<tr><th>profile</th>{profiles}</tr>")
+    body = "".join(rows)
+    return f'<table class="summary"><thead><tr><th></th>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+_CSS = """
+body { font-family: system-ui, -apple-system, Segoe UI, sans-serif; margin: 24px auto; max-width: 1280px;
+       color: #222; padding: 0 16px; }
+h1 { margin-bottom: 4px; } .meta { color: #555; margin-top: 0; }
+.banner { background: #fff3cd; border: 2px solid #e0a800; color: #533f03; padding: 12px 16px;
+          border-radius: 6px; font-weight: 600; margin: 16px 0; }
+table.summary { border-collapse: collapse; margin: 16px 0; font-variant-numeric: tabular-nums; }
+table.summary th, table.summary td { border-bottom: 1px solid #ddd; padding: 4px 12px; text-align: right; }
+table.summary tbody th { text-align: left; font-weight: normal; color: #444; }
+.verdict { padding: 2px 8px; border-radius: 4px; font-weight: 700; }
+.verdict.ok { background: #d4edda; color: #155724; } .verdict.fail { background: #f8d7da; color: #721c24; }
+.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(560px, 1fr)); gap: 12px; }
+.note { color: #666; font-size: 0.9em; }
+"""
+
+
+def render_report(result: RunResult) -> str:
+    """The whole report as one HTML string (plotly.js inlined once; no network needed to view it)."""
+    reqs = {name: _Requests(v) for name, v in result.variants.items()}
+    series = {name: result.series_df(name) for name in result.variants}
+    end_s = max(
+        *(r.end_s for r in reqs.values()),
+        *(v.summary.duration_s + v.summary.warmup_s for v in result.variants.values()),
+    )
+
+    figures: list[tuple[str, go.Figure]] = [
+        ("ttft-cdf", _cdf_figure(result, reqs, "ttft_ms", "TTFT")),
+        ("tpot-cdf", _cdf_figure(result, reqs, "tpot_ms", "TPOT")),
+        ("e2e-cdf", _cdf_figure(result, reqs, "e2e_ms", "E2E")),
+        ("throughput", _throughput_figure(result, reqs, end_s)),
+        ("queue", _queue_figure(result, series)),
+        ("prefix-hit", _prefix_figure(result, series)),
+    ]
+    for i, (name, v) in enumerate(result.variants.items()):
+        figures.append((f"kv-util-{i}", _kv_figure(v, series[name], i)))
+
+    warmup_s = max(v.summary.warmup_s for v in result.variants.values())
+    divs = []
+    for i, (div_id, fig) in enumerate(figures):
+        if warmup_s > 0 and div_id not in ("ttft-cdf", "tpot-cdf", "e2e-cdf"):
+            fig.add_vrect(
+                x0=0,
+                x1=warmup_s,
+                fillcolor="#999",
+                opacity=0.12,
+                line_width=0,
+                annotation_text="warm-up",
+                annotation_position="top left",
+            )
+        divs.append(
+            fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=div_id, config={"displaylogo": False})
+        )
+
+    title = html.escape(result.scenario_name)
+    profiles = ", ".join(
+        sorted({f"{html.escape(v.profile.name)} ({html.escape(v.profile.kind)})" for v in result.variants.values()})
+    )
+    banner = ""
+    if result.analytic:
+        analytic = ", ".join(
+            sorted({html.escape(v.profile.name) for v in result.variants.values() if v.profile.kind == "analytic"})
+        )
+        banner = (
+            '<div class="banner" id="analytic-banner">Cost model analytic, not measured: step times for '
+            f"{analytic} come from datasheet figures, not from timings on a real engine. Read latencies and "
+            "costs as estimates.</div>"
+        )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>fleetsim — {title}</title><style>{_CSS}</style></head><body>"
+        f'<h1>{title}</h1><p class="meta">fleetsim report · profile {profiles} · '
+        f"{len(result.variants)} variant(s)</p>{banner}"
+        f"<h2>Summary</h2>{_summary_table(result)}"
+        '<p class="note">Latency percentiles are over completed requests; SLO attainment counts rejected '
+        "and unfinished requests as failures against all arrivals.</p>"
+        f'<h2>Latency and load</h2><div class="grid">{"".join(divs)}</div>'
+        "</body></html>\n"
+    )

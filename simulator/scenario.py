@@ -1,0 +1,341 @@
+"""Scenario files: YAML -> a validated, frozen ``Scenario``, its variants, and per-replica settings.
+
+One strict loader: unknown keys are rejected with a "did you mean", types are checked, cross-field rules
+(a model that does not fit the memory, a block size that is not a power of two) are checked, and every
+failure is one ``ConfigError`` naming the file and the field. ``--set a.b=c`` overrides apply to the raw
+mapping before validation. Nothing mutates a scenario after load; derived values (the KV pool in blocks,
+the scheduler configuration) come from functions.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from simulator.core.config import Batching, KVPolicy, Preemption, QueuePolicy, SchedulerConfig
+from simulator.core.presets import PRESETS
+from simulator.errors import ConfigError
+from simulator.metrics import SLO, CostConfig
+from simulator.profile import Profile, config_error_from_validation, list_profiles, load_profile
+from simulator.router import RouterConfig
+from simulator.workload import WorkloadConfig
+
+SCHEMA_VERSION = 1
+PresetName = Literal["vllm", "tgi", "trtllm", "trtllm-max-util"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class KVConfig(_Section):
+    """KV memory policy; unset fields come from the preset, then from vLLM's defaults."""
+
+    policy: KVPolicy | None = None
+    """paged (blocks on demand), contiguous (max_model_len reserved per request) or reserve (prompt + max
+    output reserved at admission)."""
+    block_size: int | None = Field(default=None, ge=1, le=4096)
+    """Tokens per KV block (a power of two); vLLM's default is 16."""
+    memory_fraction: float | None = Field(default=None, gt=0, le=1)
+    """Share of device memory the engine may use (vLLM's gpu_memory_utilization); None = the profile's."""
+    num_blocks: int | None = Field(default=None, ge=1)
+    """Override the KV pool size in blocks (else derived from the profile's KV capacity)."""
+    preemption: Preemption | None = None
+    """recompute, or swap (host copy priced by the profile's host link bandwidth)."""
+    swap_space_gib: float = Field(default=4.0, ge=0)
+    """Host memory for swapped-out KV per replica, GiB (vLLM's swap_space default is 4)."""
+
+    @field_validator("block_size")
+    @classmethod
+    def _power_of_two(cls, value: int | None) -> int | None:
+        if value is not None and value & (value - 1):
+            raise ValueError(f"block_size must be a power of two, got {value}")
+        return value
+
+
+class EngineConfig(_Section):
+    """The serving engine of every replica. Unset fields come from ``preset`` (else vLLM v1 defaults)."""
+
+    preset: PresetName | None = None
+    """Start from an engine's own defaults: vllm, tgi, trtllm, trtllm-max-util."""
+    batching: Batching | None = None
+    """static, continuous (prefill-first, whole prompts) or chunked (vLLM v1 token budget)."""
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    """Most sequences in one step."""
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    """Token budget of one step."""
+    long_prefill_token_threshold: int | None = Field(default=None, ge=0)
+    """Cap on one request's prefill chunk per step (0 = none)."""
+    enable_chunked_prefill: bool | None = None
+    """Under chunked batching, split prompts across steps (False: a prompt waits for room for all of it)."""
+    queue_policy: QueuePolicy | None = None
+    """fcfs or priority."""
+    prefix_caching: bool | None = None
+    """Share KV blocks of equal prefixes across requests."""
+    max_model_len: int | None = Field(default=None, ge=2)
+    """Longest prompt + output served; longer requests are rejected. None = the KV capacity (capped at
+    the model's 131072 positions)."""
+    waiting_served_ratio: float | None = Field(default=None, ge=0)
+    """TGI: with a batch running, prefill only when waiting/running reaches this."""
+    max_waiting_steps: int | None = Field(default=None, ge=0)
+    """TGI's max_waiting_tokens: decode steps after which a prefill is forced."""
+    kv: KVConfig = KVConfig()
+
+
+class FleetConfig(_Section):
+    replicas: int = Field(default=1, ge=1, le=100_000)
+    """Identical replicas behind the router."""
+    hardware: str = "H200"
+    """Accelerator short name in calibration/hardware.yaml (H100, H200, A100, L40S, B200)."""
+    model: str = "llama-3-8b"
+    """Model the replicas serve (llama-3-8b, llama-3-70b, llama-3-405b, or a calibration model)."""
+    tp: int = Field(default=1, ge=1)
+    """Tensor-parallel degree: GPUs per replica."""
+    profile: str | None = None
+    """Cost-model profile (shipped name or path); None = the shipped profile for hardware, model and tp,
+    measured preferred over analytic."""
+
+
+class NetworkConfig(_Section):
+    latency_ms: float = Field(default=0.0, ge=0)
+    """One-way latency from the replica to the client, added to every token the client sees."""
+
+
+class SimulationConfig(_Section):
+    horizon_s: float | None = Field(default=None, gt=0)
+    """Stop the clock here; requests still in flight are counted as such. None = run until all finish."""
+    sample_interval_s: float = Field(default=1.0, gt=0)
+    """Grid of the per-replica time series (running, waiting, KV use, hit rate)."""
+    warmup_s: float = Field(default=0.0, ge=0)
+    """Requests arriving before this are simulated but left out of the latency figures."""
+    fast_path: bool = True
+    """Advance runs of identical decode steps in one event (same results as step by step)."""
+
+
+class Scenario(_Section):
+    """A whole scenario file."""
+
+    schema_version: Literal[1]
+    """Version of this file format (1)."""
+    name: str
+    description: str = ""
+    seed: int = 0
+    """Seed of the workload and of randomised routers; the same seed gives identical results."""
+    workload: WorkloadConfig
+    fleet: FleetConfig = FleetConfig()
+    engine: EngineConfig = EngineConfig()
+    router: RouterConfig = RouterConfig()
+    slo: SLO | None = None
+    cost: CostConfig = CostConfig()
+    network: NetworkConfig = NetworkConfig()
+    simulation: SimulationConfig = SimulationConfig()
+    variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Named overrides of the sections above, run side by side on the identical request stream."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedScenario:
+    """A validated scenario with where it came from (relative trace paths resolve against its folder)."""
+
+    scenario: Scenario
+    source: Path | None
+    raw: dict[str, Any]
+    """The mapping after --set overrides, before validation (for the record and for variants)."""
+
+    @property
+    def base_dir(self) -> Path | None:
+        return self.source.parent if self.source is not None else None
+
+    def variants(self) -> dict[str, Scenario]:
+        """Each named variant as a whole scenario; a scenario without variants is its own one variant."""
+        if not self.scenario.variants:
+            return {"base": self.scenario}
+        out = {}
+        base = {k: v for k, v in self.raw.items() if k != "variants"}
+        for name, override in self.scenario.variants.items():
+            merged = deep_merge(base, expand_dotted(override))
+            out[name] = validate(merged, file=self.source, field_prefix=f"variants.{name}")
+        return out
+
+
+# ----- loading ---------------------------------------------------------------------------------------
+
+
+def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *,
+                  seed: int | None = None) -> LoadedScenario:
+    """Read, override and validate a scenario file; every failure is one ConfigError."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"cannot read scenario: {err.strerror}", file=path) from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise ConfigError(f"{where}not valid YAML ({problem})", file=path) from None
+    if not isinstance(raw, dict):
+        raise ConfigError("a scenario must be a YAML mapping", file=path)
+    return load_mapping(raw, overrides, seed=seed, source=path)
+
+
+def load_mapping(raw: dict[str, Any], overrides: list[str] | tuple[str, ...] = (), *,
+                 seed: int | None = None, source: Path | None = None) -> LoadedScenario:
+    """Validate a scenario given as a mapping (the dashboard and notebooks build them in code)."""
+    raw = copy.deepcopy(raw)
+    for item in overrides:
+        raw = apply_override(raw, item, file=source)
+    if seed is not None:
+        raw["seed"] = seed
+    scenario = validate(raw, file=source)
+    loaded = LoadedScenario(scenario, source, raw)
+    loaded.variants()  # a broken variant is a load error, not a surprise halfway through a run
+    for sc in loaded.variants().values():
+        resolve_replica(sc)
+    return loaded
+
+
+def validate(raw: dict[str, Any], *, file: Path | None, field_prefix: str = "") -> Scenario:
+    try:
+        return Scenario.model_validate(raw)
+    except ValidationError as err:
+        error = config_error_from_validation(err, Scenario, file=file)
+        if field_prefix:
+            error = ConfigError(error.message, file=file, field=f"{field_prefix}.{error.field or ''}".rstrip("."))
+        raise error from None
+
+
+def apply_override(raw: dict[str, Any], item: str, *, file: Path | None = None) -> dict[str, Any]:
+    """``a.b.c=value`` with the value parsed as YAML (numbers, booleans, lists)."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set expects key.path=value, got {item!r}", file=file)
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = text
+    return deep_merge(raw, expand_dotted({key.strip(): value}))
+
+
+def expand_dotted(mapping: dict[str, Any]) -> dict[str, Any]:
+    """{"engine.batching": "static"} -> {"engine": {"batching": "static"}} (nested maps pass through)."""
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        parts = str(key).split(".")
+        node = out
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = expand_dotted(value) if isinstance(value, dict) else value
+    return out
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+# ----- what one replica runs -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSetup:
+    """Everything a replica of one variant needs, derived from the scenario and its profile."""
+
+    profile: Profile
+    scheduler: SchedulerConfig
+
+
+def pick_profile(fleet: FleetConfig) -> Profile:
+    """The fleet's profile: as named, or the shipped one for its hardware, model and tp."""
+    if fleet.profile is not None:
+        try:
+            profile = load_profile(fleet.profile)
+        except ConfigError as err:
+            raise ConfigError(err.message, file=err.file, field="fleet.profile") from None
+        mismatches = [
+            f"{name} {mine!r} vs profile's {theirs!r}"
+            for name, mine, theirs in (
+                ("hardware", fleet.hardware.lower(), profile.hardware.lower()),
+                ("model", fleet.model, profile.model),
+                ("tp", fleet.tp, profile.tp),
+            )
+            if mine != theirs
+        ]
+        if mismatches:
+            raise ConfigError(f"profile {fleet.profile!r} does not match the fleet: {'; '.join(mismatches)}",
+                              field="fleet.profile")
+        return profile
+    stem = f"{fleet.hardware.lower()}-{fleet.model}-tp{fleet.tp}"
+    candidates = [n for n in list_profiles() if n.startswith(stem + "-")]
+    measured = [n for n in candidates if not n.endswith("-analytic")]
+    chosen = (measured or candidates)[0] if candidates else None
+    if chosen is None:
+        raise ConfigError(
+            f"no shipped profile for {fleet.hardware} / {fleet.model} / tp {fleet.tp} (a model that does not "
+            f"fit this memory has none); shipped: {', '.join(list_profiles())}",
+            field="fleet",
+        )
+    return load_profile(chosen)
+
+
+def resolve_replica(scenario: Scenario) -> ReplicaSetup:
+    """The profile and the scheduler configuration every replica of this scenario runs."""
+    profile = pick_profile(scenario.fleet)
+    engine = scenario.engine
+    kv = engine.kv
+    config = SchedulerConfig(num_blocks=1)
+    if engine.preset is not None:
+        config = PRESETS[engine.preset].apply(config)
+    explicit: dict[str, Any] = {
+        "batching": engine.batching,
+        "max_num_seqs": engine.max_num_seqs,
+        "max_num_batched_tokens": engine.max_num_batched_tokens,
+        "long_prefill_token_threshold": engine.long_prefill_token_threshold,
+        "enable_chunked_prefill": engine.enable_chunked_prefill,
+        "queue_policy": engine.queue_policy,
+        "enable_prefix_caching": engine.prefix_caching,
+        "waiting_served_ratio": engine.waiting_served_ratio,
+        "max_waiting_steps": engine.max_waiting_steps,
+        "kv_policy": kv.policy,
+        "block_size": kv.block_size,
+        "preemption": kv.preemption,
+    }
+    config = replace(config, **{k: v for k, v in explicit.items() if v is not None})
+    block_size = config.block_size
+    num_blocks = kv.num_blocks or profile.kv_capacity_blocks(block_size, kv.memory_fraction)
+    if num_blocks < 1:
+        raise ConfigError(
+            f"{profile.model} on {profile.hardware} (tp {profile.tp}) leaves no memory for KV cache "
+            f"({profile.memory.weight_bytes / 2**30:.1f} GiB of weights): the model does not fit",
+            field="fleet",
+        )
+    capacity_tokens = num_blocks * block_size
+    max_model_len = engine.max_model_len or min(capacity_tokens, 131072)
+    if config.kv_policy is KVPolicy.CONTIGUOUS and max_model_len > capacity_tokens:
+        raise ConfigError(
+            f"a contiguous slot of max_model_len={max_model_len} tokens exceeds the KV pool of {capacity_tokens} "
+            "tokens; lower engine.max_model_len",
+            field="engine.max_model_len",
+        )
+    host_blocks = int(kv.swap_space_gib * 2**30 // (profile.memory.kv_bytes_per_token * block_size))
+    config = replace(config, num_blocks=num_blocks, max_model_len=max_model_len, num_host_blocks=host_blocks)
+    return ReplicaSetup(profile=profile, scheduler=config)
+
+
+def scenario_record(scenario: Scenario) -> dict[str, Any]:
+    """The resolved scenario as plain JSON data, for summary.json and exports."""
+    data: dict[str, Any] = json.loads(scenario.model_dump_json(exclude={"variants"}))
+    return data

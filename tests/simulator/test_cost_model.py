@@ -1,0 +1,146 @@
+"""CostModel: the §4.3 form, its edge cases, and exact agreement of the vectorised decode path."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.core.step import StepShape
+from simulator.cost_model import CostModel, allreduce_time_s
+from simulator.profile import CommModel, load_profile
+
+BASE = load_profile("h200-llama-3-8b-tp1-analytic")
+
+
+def _profile(**update: object):
+    return BASE.model_copy(update=update)
+
+
+def decode(batch: int, ctx_sum: int) -> StepShape:
+    return StepShape(batch, batch, batch, ctx_sum, 0, 0.0)
+
+
+def prefill(n: int, prefix: int = 0) -> StepShape:
+    return StepShape(1, n, 0, 0, n, n * (prefix + n / 2))
+
+
+def test_empty_step_costs_nothing() -> None:
+    model = CostModel(BASE)
+    empty = StepShape(0, 0, 0, 0, 0, 0.0)
+    assert model.step_time(empty) == 0.0
+    assert model.device_time(empty) == 0.0
+    assert model.host_time(empty) == 0.0
+
+
+def test_form_by_hand() -> None:
+    d, h = BASE.device_s, BASE.host_s
+    shape = StepShape(5, 1028, 4, 4000, 1024, 1024 * (100 + 512))
+    knee = (d.weight_s**d.knee_p + (d.per_token_s * 1028) ** d.knee_p) ** (1 / d.knee_p)
+    dev = d.a0_s + knee + d.per_ctx_token_s * 4000 + d.per_attn_pair_s * shape.prefill_attention_pairs + d.per_seq_s * 5
+    host = h.h0_s + h.per_seq_s * 5 + h.per_token_s * 1028
+    model = CostModel(BASE)
+    assert model.device_time(shape) == pytest.approx(dev, rel=1e-12)
+    assert model.host_time(shape) == pytest.approx(host, rel=1e-12)
+    assert model.step_time(shape) == pytest.approx(dev + host, rel=1e-12)
+
+
+def test_overlap_takes_max() -> None:
+    model = CostModel(_profile(overlap_host=True))
+    shape = decode(8, 8 * 1000)
+    assert model.step_time(shape) == pytest.approx(max(model.device_time(shape), model.host_time(shape)))
+
+
+def test_decode_floor_and_prefill_regimes() -> None:
+    model = CostModel(BASE)
+    d = BASE.device_s
+    # Batch 1 decode sits on the weight-read floor.
+    assert model.device_time(decode(1, 1)) == pytest.approx(d.a0_s + d.weight_s, rel=1e-3)
+    # A long prefill is compute-bound: about f·N plus attention.
+    n = 8192
+    t = model.device_time(prefill(n))
+    assert t == pytest.approx(d.a0_s + d.per_token_s * n + d.per_attn_pair_s * n * n / 2 + d.per_seq_s, rel=0.01)
+
+
+def test_monotone_in_every_feature() -> None:
+    model = CostModel(BASE)
+    assert model.step_time(decode(32, 32_000)) < model.step_time(decode(32, 64_000))
+    assert model.step_time(decode(32, 32_000)) < model.step_time(decode(64, 32_000))
+    assert model.step_time(prefill(512, 0)) < model.step_time(prefill(512, 4096))
+
+
+def test_swap_priced_by_host_link() -> None:
+    model = CostModel(BASE)
+    tokens = 1000
+    expected = tokens * BASE.memory.kv_bytes_per_token / BASE.host_link_Bps
+    only_swap = StepShape(0, 0, 0, 0, 0, 0.0, num_swap_tokens=tokens)
+    assert model.step_time(only_swap) == pytest.approx(expected)
+    with_swap = StepShape(4, 4, 4, 400, 0, 0.0, num_swap_tokens=tokens)
+    assert model.step_time(with_swap) - model.step_time(decode(4, 400)) == pytest.approx(expected)
+
+
+def test_allreduce_formula() -> None:
+    # research §5: 70B TP8, decode B 32 → 512 KiB per all-reduce.
+    nbytes = 32 * 8192 * 2
+    t = allreduce_time_s(nbytes, 8, 8e-6, 450e9)
+    assert t == pytest.approx(8e-6 + 2 * 7 / 8 * nbytes / 450e9)
+    assert allreduce_time_s(nbytes, 1, 8e-6, 450e9) == 0.0
+
+
+def test_tp_comm_added_per_layer() -> None:
+    comm = CommModel(alpha_s=8e-6, bus_bandwidth_Bps=450e9, num_layers=80, hidden_size=8192)
+    with_comm = CostModel(_profile(tp=8, comm=comm))
+    without = CostModel(_profile(tp=8, comm=None))
+    shape = decode(32, 32 * 1024)
+    expected = 2 * 80 * allreduce_time_s(32 * 8192 * 2, 8, 8e-6, 450e9)
+    assert with_comm.step_time(shape) - without.step_time(shape) == pytest.approx(expected, rel=1e-9)
+
+
+def test_cuda_graph_padding_only_for_decode() -> None:
+    padded = CostModel(_profile(cuda_graph_batch_sizes=(1, 2, 4, 8, 16, 32)))
+    plain = CostModel(BASE)
+    assert padded.step_time(decode(5, 500)) == plain.step_time(StepShape(8, 8, 8, 500, 0, 0.0))
+    assert padded.step_time(decode(64, 640)) == plain.step_time(decode(64, 640))  # beyond the last bucket
+    mixed = StepShape(5, 516, 4, 400, 512, 512 * 256.0)
+    assert padded.step_time(mixed) == plain.step_time(mixed)
+
+
+def test_scale_multiplies_every_time() -> None:
+    model = CostModel(BASE)
+    up = model.scale(1.1)
+    for shape in (decode(1, 10), decode(256, 256 * 4096), prefill(2048, 1024)):
+        assert up.step_time(shape) == pytest.approx(1.1 * model.step_time(shape), rel=1e-12)
+    assert up.scale(1 / 1.1).step_time(decode(3, 30)) == pytest.approx(model.step_time(decode(3, 30)))
+    with pytest.raises(ValueError):
+        model.scale(0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batch=st.integers(1, 512),
+    ctx=st.integers(0, 2_000_000),
+    steps=st.integers(1, 64),
+    overlap=st.booleans(),
+    factor=st.sampled_from([1.0, 0.9, 1.1]),
+    buckets=st.booleans(),
+)
+def test_decode_times_bit_identical_to_step_time(
+    batch: int, ctx: int, steps: int, overlap: bool, factor: float, buckets: bool
+) -> None:
+    profile = _profile(overlap_host=overlap, cuda_graph_batch_sizes=(1, 8, 64, 256) if buckets else ())
+    model = CostModel(profile).scale(factor)
+    times = model.decode_times(batch, ctx, steps)
+    reference = [model.step_time(decode(batch, ctx + j * batch)) for j in range(steps)]
+    assert times.dtype == np.float64 and len(times) == steps
+    assert times.tolist() == reference  # exact, not approximate: the fast path must not drift
+    assert math.isclose(model.decode_total_time(batch, ctx, steps), sum(reference), rel_tol=1e-12)
+
+
+def test_decode_times_degenerate() -> None:
+    model = CostModel(BASE)
+    assert model.decode_times(4, 100, 0).shape == (0,)
+    assert model.decode_total_time(4, 100, 0) == 0.0
+    assert model.decode_times(0, 0, 3).tolist() == [0.0, 0.0, 0.0]

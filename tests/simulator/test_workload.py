@@ -1,0 +1,372 @@
+"""Synthetic workloads: arrival processes, length distributions, system prompts, sessions, block hashes."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from simulator.core.request import RequestSpec
+from simulator.workload import (
+    ARRIVAL_PROCESSES,
+    LENGTH_DISTRIBUTIONS,
+    CurveArrival,
+    Workload,
+    WorkloadConfig,
+    arrival_times,
+    chain_hashes,
+    generate,
+)
+
+BLOCK = 16
+
+
+def config(**fields: Any) -> WorkloadConfig:
+    """A small Poisson chat workload; keyword arguments replace top-level sections."""
+    base: dict[str, Any] = {
+        "num_requests": 2000,
+        "arrival": {"process": "poisson", "rate_rps": 10.0},
+        "prompt_tokens": {"dist": "lognormal", "median": 300, "sigma": 0.8, "max": 4000},
+        "output_tokens": {"dist": "uniform", "low": 1, "high": 300},
+    }
+    base.update(fields)
+    return WorkloadConfig.model_validate(base)
+
+
+def gaps(workload: Workload) -> np.ndarray:
+    return np.diff(np.concatenate([[0.0], workload.arrival_s]))
+
+
+# --- determinism and the Workload API -----------------------------------------------------------------
+
+
+def test_same_seed_gives_identical_workload_and_another_seed_does_not() -> None:
+    cfg = config(system_prompts={"num_prompts": 4, "tokens": 100})
+    first, again, other = (generate(cfg, seed=s, block_size=BLOCK) for s in (7, 7, 8))
+    for column in ("arrival_s", "prompt_tokens", "output_tokens", "session_id"):
+        np.testing.assert_array_equal(getattr(first, column), getattr(again, column))
+    assert first.specs() == again.specs()
+    assert not np.array_equal(first.arrival_s, other.arrival_s)
+    assert first.block_hashes(0) != other.block_hashes(0)
+
+
+def test_iteration_yields_request_specs_in_arrival_order() -> None:
+    workload = generate(config(num_requests=5000), seed=1, block_size=BLOCK)  # > one iteration chunk
+    specs = workload.specs()
+    assert len(specs) == len(workload) == 5000
+    assert all(isinstance(s, RequestSpec) for s in specs)
+    assert [s.request_id for s in specs] == list(range(5000))
+    assert [s.arrival_s for s in specs] == workload.arrival_s.tolist()
+    assert all(s.session_id is None for s in specs)
+    assert specs[4321].block_hashes == workload.block_hashes(4321)
+    # Without sessions only the prompt is hashed, one hash per full block.
+    assert all(len(s.block_hashes) == s.prompt_tokens // BLOCK for s in specs)
+
+
+def test_columns_are_read_only_and_to_pandas_has_every_column() -> None:
+    workload = generate(config(num_requests=50), seed=0, block_size=BLOCK)
+    with pytest.raises(ValueError, match="read-only"):
+        workload.arrival_s[0] = 1.0
+    frame = workload.to_pandas()
+    assert list(frame.columns) == ["request_id", "arrival_s", "prompt_tokens", "output_tokens", "session_id"]
+    assert len(frame) == 50 and frame["session_id"].isna().all()
+
+
+def test_requests_without_shared_prefix_share_no_block() -> None:
+    workload = generate(config(num_requests=500), seed=3, block_size=BLOCK)
+    hashes = [h for spec in workload for h in spec.block_hashes]
+    assert len(hashes) == len(set(hashes))
+
+
+def test_registries_name_every_choice() -> None:
+    assert set(ARRIVAL_PROCESSES) == {"poisson", "gamma", "constant", "curve"}
+    assert set(LENGTH_DISTRIBUTIONS) == {"fixed", "uniform", "lognormal", "empirical"}
+
+
+# --- arrival processes -------------------------------------------------------------------------------
+
+
+def test_poisson_mean_rate_and_exponential_gaps() -> None:
+    workload = generate(config(num_requests=20_000, arrival={"process": "poisson", "rate_rps": 25.0}),
+                        seed=11, block_size=BLOCK)
+    g = gaps(workload)
+    # Mean of 20k exponential gaps: standard error 1/sqrt(20k) = 0.7 % of the mean; allow 5 of them.
+    assert g.mean() == pytest.approx(1 / 25.0, rel=0.035)
+    assert g.std() / g.mean() == pytest.approx(1.0, rel=0.05)
+
+
+def test_duration_limit_gives_poisson_count() -> None:
+    cfg = config(num_requests=None, duration_s=1000.0, arrival={"process": "poisson", "rate_rps": 20.0})
+    workload = generate(cfg, seed=5, block_size=BLOCK)
+    assert workload.arrival_s[-1] < 1000.0
+    assert abs(len(workload) - 20_000) < 5 * np.sqrt(20_000)
+
+
+def test_whichever_limit_comes_first_stops_generation() -> None:
+    by_count = generate(config(num_requests=100, duration_s=1e6), seed=1, block_size=BLOCK)
+    by_time = generate(config(num_requests=10**6, duration_s=10.0), seed=1, block_size=BLOCK)
+    assert len(by_count) == 100
+    assert by_time.arrival_s[-1] < 10.0 and len(by_time) < 200
+
+
+@pytest.mark.parametrize("cv", [0.5, 3.0])
+def test_gamma_arrivals_have_the_configured_burstiness(cv: float) -> None:
+    cfg = config(num_requests=40_000, arrival={"process": "gamma", "rate_rps": 8.0, "cv": cv})
+    g = gaps(generate(cfg, seed=2, block_size=BLOCK))
+    assert g.mean() == pytest.approx(1 / 8.0, rel=0.05)
+    assert g.std() / g.mean() == pytest.approx(cv, rel=0.08)
+
+
+def test_constant_arrivals_are_evenly_spaced() -> None:
+    workload = generate(config(num_requests=1000, arrival={"process": "constant", "rate_rps": 4.0}),
+                        seed=0, block_size=BLOCK)
+    np.testing.assert_allclose(workload.arrival_s, np.arange(1, 1001) / 4.0)
+
+
+def test_curve_arrivals_follow_the_rate() -> None:
+    curve = {"process": "curve", "points": [[0, 5.0], [100, 50.0]]}
+    workload = generate(config(num_requests=None, duration_s=100.0, arrival=curve), seed=4, block_size=BLOCK)
+    # rate(t) = 5 + 0.45 t: expected counts are the integrals over each half.
+    counts = np.histogram(workload.arrival_s, bins=[0, 50, 100])[0]
+    for count, expected in zip(counts, [812.5, 1937.5], strict=True):
+        assert abs(count - expected) < 5 * np.sqrt(expected)
+
+
+def test_curve_ending_at_zero_rate_ends_the_process() -> None:
+    curve = {"process": "curve", "points": [[0, 10.0], [10, 0.0]]}
+    workload = generate(config(num_requests=10_000, arrival=curve), seed=4, block_size=BLOCK)
+    assert workload.arrival_s[-1] < 10.0
+    assert abs(len(workload) - 50) < 5 * np.sqrt(50)
+
+
+def test_arrival_times_needs_a_limit() -> None:
+    process = CurveArrival(points=((0.0, 1.0),))
+    with pytest.raises(ValueError):
+        arrival_times(process, np.random.default_rng(0), max_count=None, duration_s=None)
+
+
+# --- length distributions ----------------------------------------------------------------------------
+
+
+def test_lognormal_median_and_clamps() -> None:
+    prompt = {"dist": "lognormal", "median": 800, "sigma": 1.2, "min": 20, "max": 6000}
+    workload = generate(config(num_requests=20_001, prompt_tokens=prompt), seed=9, block_size=BLOCK)
+    assert np.median(workload.prompt_tokens) == pytest.approx(800, rel=0.04)
+    assert workload.prompt_tokens.min() == 20 and workload.prompt_tokens.max() == 6000
+
+
+def test_uniform_and_fixed_lengths() -> None:
+    cfg = config(prompt_tokens={"dist": "fixed", "value": 77}, output_tokens={"dist": "uniform", "low": 3, "high": 5})
+    workload = generate(cfg, seed=1, block_size=BLOCK)
+    assert set(workload.prompt_tokens.tolist()) == {77}
+    assert set(workload.output_tokens.tolist()) == {3, 4, 5}
+
+
+def test_empirical_lengths_from_one_file_keep_rows_together(tmp_path: Path) -> None:
+    rows = [(100, 7), (2000, 0), (350, 42)]
+    trace = tmp_path / "lengths.csv"
+    trace.write_text("num_prefill_tokens,num_decode_tokens\n" + "".join(f"{p},{d}\n" for p, d in rows))
+    source = {"dist": "empirical", "format": "vidur", "path": "lengths.csv"}
+    cfg = config(prompt_tokens={**source, "column": "prompt_tokens"},
+                 output_tokens={**source, "column": "output_tokens"})
+    workload = generate(cfg, seed=1, block_size=BLOCK, base_dir=tmp_path)
+    pairs = set(zip(workload.prompt_tokens.tolist(), workload.output_tokens.tolist(), strict=True))
+    assert pairs == {(100, 7), (2000, 1), (350, 42)}  # a zero-token answer counts as one token
+
+
+# --- system prompts and sessions ---------------------------------------------------------------------
+
+
+def test_system_prompt_blocks_are_shared_exactly() -> None:
+    tokens = 100  # 6 full blocks of 16, the 7th straddles into the user's tokens
+    cfg = config(system_prompts={"num_prompts": 3, "tokens": tokens},
+                 prompt_tokens={"dist": "uniform", "low": 40, "high": 400})
+    specs = generate(cfg, seed=2, block_size=BLOCK).specs()
+    assert all(s.prompt_tokens >= tokens + 40 for s in specs)
+    by_prompt: dict[tuple[int, ...], list[RequestSpec]] = {}
+    for spec in specs:
+        by_prompt.setdefault(spec.block_hashes[: tokens // BLOCK], []).append(spec)
+    assert len(by_prompt) == 3
+    for a, b in itertools.combinations([group[0] for group in by_prompt.values()], 2):
+        assert a.block_hashes[0] != b.block_hashes[0]
+    for group in by_prompt.values():
+        a, b = group[:2]
+        assert a.block_hashes[tokens // BLOCK] != b.block_hashes[tokens // BLOCK]
+
+
+def test_zipf_popularity_favours_the_first_system_prompt() -> None:
+    cfg = config(system_prompts={"num_prompts": 20, "tokens": 64, "zipf_exponent": 1.5})
+    specs = generate(cfg, seed=2, block_size=BLOCK).specs()
+    counts = sorted(
+        (sum(1 for s in specs if s.block_hashes[0] == h) for h in {s.block_hashes[0] for s in specs}),
+        reverse=True,
+    )
+    assert counts[0] > 0.3 * len(specs)  # 1 / zeta-like weight of the first of 20 at s = 1.5 is ~0.4
+
+
+SESSIONS = {
+    "turns": {"dist": "uniform", "low": 1, "high": 6},
+    "think_time_s": 15.0,
+    "response_time_estimate_s": 4.0,
+    "max_context_tokens": 6000,
+}
+
+
+def session_config(**fields: Any) -> WorkloadConfig:
+    return config(
+        num_requests=3000,
+        arrival={"process": "poisson", "rate_rps": 2.0},
+        prompt_tokens={"dist": "lognormal", "median": 120, "sigma": 0.7, "max": 1000},
+        output_tokens={"dist": "lognormal", "median": 150, "sigma": 0.7, "max": 800},
+        system_prompts={"num_prompts": 2, "tokens": 200},
+        sessions=SESSIONS,
+        **fields,
+    )
+
+
+def turns_by_session(workload: Workload) -> dict[int, list[RequestSpec]]:
+    sessions: dict[int, list[RequestSpec]] = {}
+    for spec in workload:
+        assert spec.session_id is not None
+        sessions.setdefault(spec.session_id, []).append(spec)
+    return sessions
+
+
+def test_session_turns_extend_the_previous_turn_exactly() -> None:
+    workload = generate(session_config(), seed=6, block_size=BLOCK)
+    sessions = turns_by_session(workload)
+    assert len(workload) == 3000 and any(len(turns) > 2 for turns in sessions.values())
+    for turns in sessions.values():
+        for before, after in itertools.pairwise(turns):
+            history = before.prompt_tokens + before.output_tokens
+            # Prompt and answer are both hashed: the next turn's prompt holds them.
+            assert len(before.block_hashes) == history // BLOCK
+            assert after.prompt_tokens > history
+            assert after.block_hashes[: len(before.block_hashes)] == before.block_hashes
+            # The block straddling the end of the previous turn gets a hash the previous turn never had.
+            assert after.block_hashes[history // BLOCK] not in before.block_hashes
+            assert after.arrival_s - before.arrival_s >= 4.0
+        assert all(t.prompt_tokens + t.output_tokens <= 6000 for t in turns)
+
+
+def test_sessions_share_only_their_system_prompt() -> None:
+    workload = generate(session_config(), seed=6, block_size=BLOCK)
+    first_turns = [turns[0] for turns in turns_by_session(workload).values()]
+    shared = 200 // BLOCK
+    prefixes = {t.block_hashes[:shared] for t in first_turns}
+    assert len(prefixes) == 2
+    after_prefix = [t.block_hashes[shared] for t in first_turns]
+    assert len(set(after_prefix)) == len(after_prefix)
+
+
+def test_sessions_first_requests_are_the_earliest_arrivals() -> None:
+    # Doubling num_requests must not change the first N: no turn of an undrawn session comes earlier.
+    small = generate(session_config(num_requests=500), seed=1, block_size=BLOCK)
+    large = generate(session_config(num_requests=1000), seed=1, block_size=BLOCK)
+    np.testing.assert_array_equal(small.arrival_s, large.arrival_s[:500])
+    np.testing.assert_array_equal(small.session_id, large.session_id[:500])
+
+
+def test_sessions_with_a_duration_end_there() -> None:
+    workload = generate(session_config(num_requests=None, duration_s=300.0), seed=1, block_size=BLOCK)
+    assert workload.arrival_s[-1] < 300.0
+    assert set(turns_by_session(workload)) == set(range(workload.session_id.max() + 1))
+
+
+def test_think_time_zero_spaces_turns_by_the_response_estimate() -> None:
+    sessions = {**SESSIONS, "think_time_s": 0.0, "turns": {"dist": "fixed", "value": 3}}
+    workload = generate(session_config(sessions=sessions, num_requests=90), seed=1, block_size=BLOCK)
+    for turns in turns_by_session(workload).values():
+        for before, after in itertools.pairwise(turns):
+            assert after.arrival_s - before.arrival_s == pytest.approx(4.0)
+
+
+# --- block hashing -----------------------------------------------------------------------------------
+
+MASK = (1 << 64) - 1
+
+
+def reference_mix(value: int) -> int:
+    """splitmix64's finaliser on Python ints."""
+    z = (value + 0x9E3779B97F4A7C15) & MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.lists(st.integers(0, MASK), max_size=12), max_size=10))
+def test_chain_hashes_matches_a_sequential_reference(rows: list[list[int]]) -> None:
+    offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
+    keys = np.array([k for r in rows for k in r], dtype=np.uint64)
+    expected = []
+    for row in rows:
+        parent = 0x243F6A8885A308D3
+        for key in row:
+            parent = reference_mix(parent ^ key)
+            expected.append(parent)
+    assert chain_hashes(keys, offsets).tolist() == expected
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**32),
+    low=st.integers(1, 300),
+    span=st.integers(0, 300),
+    block_size=st.sampled_from([1, 16, 64]),
+    num_requests=st.integers(1, 60),
+)
+def test_any_uniform_workload_is_sorted_bounded_and_hashed_per_block(
+    seed: int, low: int, span: int, block_size: int, num_requests: int
+) -> None:
+    lengths = {"dist": "uniform", "low": low, "high": low + span}
+    cfg = config(num_requests=num_requests, prompt_tokens=lengths, output_tokens=lengths)
+    workload = generate(cfg, seed=seed, block_size=block_size)
+    assert len(workload) == num_requests
+    assert np.all(np.diff(workload.arrival_s) >= 0)
+    assert workload.prompt_tokens.min() >= low and workload.prompt_tokens.max() <= low + span
+    for spec in workload:
+        assert len(spec.block_hashes) == spec.prompt_tokens // block_size
+
+
+# --- configuration errors ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"num_requestz": 10},  # unknown key
+        {"arrival": {"process": "poisson", "rate_rps": 1.0, "burst": 2}},  # unknown key in a section
+        {"arrival": {"process": "weibull", "rate_rps": 1.0}},  # unknown process
+        {"arrival": {"process": "poisson", "rate_rps": 0.0}},
+        {"arrival": {"process": "curve", "points": [[0, 1.0], [0, 2.0]]}},  # times not increasing
+        {"arrival": {"process": "curve", "points": [[0, 0.0]]}},  # never any arrival
+        {"prompt_tokens": {"dist": "uniform", "low": 10, "high": 5}},
+        {"prompt_tokens": {"dist": "lognormal", "median": 100, "sigma": 1, "min": 50, "max": 10}},
+        {"num_requests": None},  # no limit at all
+        {"arrival": None},
+        {"sessions": {"turns": {"dist": "fixed", "value": 2}, "think_time_s": 1.0}},  # missing estimate
+    ],
+)
+def test_bad_configs_are_rejected(fields: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        config(**fields)
+
+
+def test_configs_are_frozen() -> None:
+    cfg = config()
+    with pytest.raises(ValidationError):
+        cfg.num_requests = 5  # type: ignore[misc]
+
+
+def test_bad_generate_arguments() -> None:
+    with pytest.raises(ValueError, match="power of two"):
+        generate(config(), seed=0, block_size=24)
+    with pytest.raises(ValueError, match="seed"):
+        generate(config(), seed=-1, block_size=16)
