@@ -6,7 +6,7 @@ and lengths); only what the variant overrides differs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 
 import simpy
 
@@ -18,6 +18,8 @@ from simulator.metrics import (
     RunResult,
     VariantResult,
     fleet_kv_util_mean,
+    fleet_kv_waste,
+    fleet_running_mean,
     summarize,
 )
 from simulator.profile import get_accelerator
@@ -29,8 +31,11 @@ from simulator.workload import Workload, generate
 ProgressFn = Callable[[str, int, int], None]
 """progress(variant, requests arrived so far, total requests)."""
 
+InspectFn = Callable[[str, Sequence[Replica]], None]
+"""inspect(variant, replicas) after the clock stopped: tests check invariants on the replicas' state."""
 
-def run(loaded: LoadedScenario, *, progress: ProgressFn | None = None) -> RunResult:
+
+def run(loaded: LoadedScenario, *, progress: ProgressFn | None = None, inspect: InspectFn | None = None) -> RunResult:
     """Simulate every variant of a scenario on the same request stream."""
     variants = loaded.variants()
     workloads: dict[tuple[str, int], Workload] = {}
@@ -41,27 +46,29 @@ def run(loaded: LoadedScenario, *, progress: ProgressFn | None = None) -> RunRes
         if key not in workloads:  # hashes depend on the block size; arrivals and lengths do not
             workloads[key] = generate(scenario.workload, seed=scenario.seed,
                                       block_size=setup.scheduler.block_size, base_dir=loaded.base_dir)
-        results[name] = simulate(scenario, workloads[key], name=name, progress=progress)
+        results[name] = simulate(scenario, workloads[key], name=name, progress=progress, inspect=inspect)
     record = {name: scenario_record(sc) for name, sc in variants.items()}
     return RunResult(scenario_name=loaded.scenario.name, variants=results, scenario=record)
 
 
 def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
-             progress: ProgressFn | None = None) -> VariantResult:
+             progress: ProgressFn | None = None, inspect: InspectFn | None = None) -> VariantResult:
     """One variant: build the replicas and the router, replay the workload, summarise."""
     setup = resolve_replica(scenario)
     profile = setup.profile
     env = simpy.Environment()
-    cost = CostModel(profile)
+    cost = CostModel(profile, factor=scenario.simulation.cost_factor)  # issue 8: sensitivity factor
     num_requests = len(workload)
     log = RequestLog(num_requests)
     sim = scenario.simulation
     latency_s = scenario.network.latency_ms / 1000.0
     replicas = [
         Replica(env, i, setup.scheduler, cost, log, ReplicaSeries(i, sim.sample_interval_s),
-                network_latency_s=latency_s)
+                network_latency_s=latency_s, fast_path=sim.fast_path)
         for i in range(scenario.fleet.replicas)
     ]
+    for replica in replicas:
+        replica.series.kv_probe = _kv_probe(replica)
     router = make_router(scenario.router, len(replicas), scenario.seed)
     state = RouterState(replicas, scenario.router.refresh_s)
 
@@ -85,6 +92,9 @@ def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
     end_s = max(end_s, 1e-9)
     for replica in replicas:
         replica.series.close(end_s)
+    if inspect is not None:
+        inspect(name, replicas)
+    series = [r.series for r in replicas]
     hits = sum(r.scheduler.kv.num_hit_tokens for r in replicas)
     lookups = sum(r.scheduler.kv.num_lookup_tokens for r in replicas)
     try:
@@ -97,15 +107,29 @@ def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
         slo=scenario.slo,
         num_gpus=scenario.fleet.replicas * scenario.fleet.tp,
         usd_per_gpu_hour=scenario.cost.resolve_price(price),
-        kv_util_mean=fleet_kv_util_mean([r.series for r in replicas], warmup_s=sim.warmup_s),
+        kv_util_mean=fleet_kv_util_mean(series, warmup_s=sim.warmup_s),
         prefix_hit_rate=hits / lookups if lookups else 0.0,
         preemptions=sum(r.scheduler.num_preemptions for r in replicas),
         warmup_s=sim.warmup_s,
+        running_mean=fleet_running_mean(series, warmup_s=sim.warmup_s),
+        running_peak=max(s.peak_running for s in series),
+        kv_waste_mean=fleet_kv_waste(series),
     )
     return VariantResult(
         name=name,
         requests=log,
-        series=[r.series for r in replicas],
+        series=series,
         summary=summary,
         profile=ProfileInfo(name=profile.name, kind="measured" if profile.is_measured else "analytic"),
     )
+
+
+def _kv_probe(replica: Replica) -> Callable[[], tuple[int, int]]:
+    """(KV slots allocated, of which reserved but holding no token) of one replica, for its series."""
+    scheduler = replica.scheduler
+
+    def probe() -> tuple[int, int]:
+        stats = scheduler.kv_stats()
+        return stats.num_used_blocks * stats.block_size, stats.num_reserved_unused_slots
+
+    return probe

@@ -29,8 +29,8 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields
 from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any, Literal
@@ -51,6 +51,8 @@ __all__ = [
     "Summary",
     "VariantResult",
     "fleet_kv_util_mean",
+    "fleet_kv_waste",
+    "fleet_running_mean",
     "round_sig",
     "summaries_with_ci",
     "summarize",
@@ -310,6 +312,12 @@ class ReplicaSeries:
     Cache hit rate is reported two ways from the cumulative counters: ``prefix_hit_rate`` is *windowed*
     (hit tokens / prompt tokens admitted since the previous grid point; NaN when no prompt was admitted),
     which shows the cache warming up and thrashing; ``prefix_hit_rate_cum`` is cumulative since the start.
+
+    Two figures for the Summary ride along: ``peak_running``, the most requests running after any step
+    (one comparison per call), and, when a ``kv_probe`` is set, the KV slots allocated and the slots
+    allocated but holding no token, summed over the first call at or after each grid point (the probe
+    walks the running requests, so it runs once per grid point, never per step). ``close`` drops the
+    probe so a finished series keeps no reference to the replica.
     """
 
     def __init__(self, replica: int, sample_interval_s: float, start_s: float = 0.0) -> None:
@@ -323,6 +331,12 @@ class ReplicaSeries:
         # A replica starts empty; kv_total 0 makes kv_util read 0 until the first real report.
         self._last: tuple[float, int, int, int, int, int, int] = (self.start_s, 0, 0, 0, 0, 0, 0)
         self._rows: list[tuple[float, int, int, int, int, int, int]] = []
+        self.peak_running = 0
+        """Most requests running after any one step."""
+        self.kv_probe: Callable[[], tuple[int, int]] | None = None
+        """Returns (KV slots allocated, of which reserved but holding no token) of the replica now."""
+        self.kv_allocated_slots_sum = 0
+        self.kv_unused_slots_sum = 0
 
     def maybe_sample(
         self,
@@ -335,7 +349,13 @@ class ReplicaSeries:
         prompt_tokens_cum: int,
     ) -> None:
         row = (t, running, waiting, kv_used_blocks, kv_total_blocks, prefix_hit_tokens_cum, prompt_tokens_cum)
+        if running > self.peak_running:
+            self.peak_running = running
         if t >= self._next_s:
+            if self.kv_probe is not None:
+                allocated, unused = self.kv_probe()
+                self.kv_allocated_slots_sum += allocated
+                self.kv_unused_slots_sum += unused
             self._fill_before(t)  # grid points before t saw the previous state
             self._last = row
             if t == self._next_s:
@@ -345,6 +365,7 @@ class ReplicaSeries:
 
     def close(self, end_s: float) -> None:
         """Fill every grid point up to and including ``end_s`` with the last reported state."""
+        self.kv_probe = None
         self._fill_before(end_s)
         if end_s == self._next_s:
             self._fill_one()
@@ -403,6 +424,25 @@ def fleet_kv_util_mean(series: Sequence[ReplicaSeries], *, warmup_s: float = 0.0
         values.append(c["kv_used_blocks"][keep] / c["kv_total_blocks"][keep])
     allv = np.concatenate(values) if values else np.zeros(0)
     return float(allv.mean()) if allv.size else math.nan
+
+
+def fleet_running_mean(series: Sequence[ReplicaSeries], *, warmup_s: float = 0.0) -> float:
+    """Mean number of running requests per replica over grid points at or after ``warmup_s`` (a time
+    average, because the grid is regular). NaN when there is no sample."""
+    values = []
+    for s in series:
+        c = s.columns()
+        values.append(c["running"][c["time_s"] >= warmup_s])
+    allv = np.concatenate(values) if values else np.zeros(0)
+    return float(allv.mean()) if allv.size else math.nan
+
+
+def fleet_kv_waste(series: Sequence[ReplicaSeries]) -> float:
+    """Share of allocated KV slots that held no token (reserved ahead, or the unfilled tail of a block),
+    over the probed grid points of every replica. NaN when nothing was ever allocated at a probe."""
+    allocated = sum(s.kv_allocated_slots_sum for s in series)
+    unused = sum(s.kv_unused_slots_sum for s in series)
+    return unused / allocated if allocated else math.nan
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -493,6 +533,13 @@ class Summary:
     duration_s: float
     """Measured duration: the run's duration minus the warm-up."""
     warmup_s: float
+    running_mean: float = math.nan
+    """Requests running (holding KV) per replica, time-averaged over the sampling grid."""
+    running_peak: int = 0
+    """Most requests running at once on one replica after any step: how many the KV memory fits."""
+    kv_waste_mean: float = math.nan
+    """Share of allocated KV slots holding no token (reservations ahead of use and partial blocks),
+    sampled once per grid point: near 0 for paged allocation, large for contiguous."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe and deterministic: NaN → None, floats rounded to 6 significant digits."""
@@ -510,6 +557,8 @@ class Summary:
         """Inverse of ``to_dict`` (None → NaN), e.g. to read a saved summary.json back."""
         kwargs: dict[str, Any] = {}
         for f in fields(cls):
+            if f.name not in data and f.default is not MISSING:
+                continue  # a summary.json written before this figure existed
             value = data[f.name]
             if f.type in ("int", "bool"):
                 kwargs[f.name] = value
@@ -537,6 +586,9 @@ def summarize(
     prefix_hit_rate: float,
     preemptions: int,
     warmup_s: float = 0.0,
+    running_mean: float = math.nan,
+    running_peak: int = 0,
+    kv_waste_mean: float = math.nan,
 ) -> Summary:
     """Summary of one run (definitions in the module docstring).
 
@@ -617,6 +669,9 @@ def summarize(
         cost_per_mtok_usd=cost,
         duration_s=measured_s,
         warmup_s=float(warmup_s),
+        running_mean=float(running_mean),
+        running_peak=int(running_peak),
+        kv_waste_mean=float(kv_waste_mean),
     )
 
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import simpy
 
-from simulator.core.config import SchedulerConfig
+from simulator.core.config import Batching, SchedulerConfig
+from simulator.core.decode_run import DecodeRun
 from simulator.core.request import RequestSpec, RequestStatus
 from simulator.core.scheduler import Scheduler
 from simulator.cost_model import CostModel
@@ -31,6 +33,7 @@ class Replica:
         series: ReplicaSeries,
         *,
         network_latency_s: float = 0.0,
+        fast_path: bool = True,
     ) -> None:
         self.env = env
         self.replica_id = replica_id
@@ -41,7 +44,11 @@ class Replica:
         self.network_latency_s = network_latency_s
         self.num_steps = 0
         self.busy_s = 0.0
+        self.fast_path = fast_path
+        self.num_fast_steps = 0
+        """Steps advanced inside decode runs (the rest went one event per step)."""
         self._wakeup: simpy.Event | None = None
+        self._run_state: _ActiveRun | None = None
         self.process = env.process(self._run())
 
     # ----- ReplicaView ---------------------------------------------------------------------------
@@ -56,11 +63,20 @@ class Replica:
 
     @property
     def kv_used_frac(self) -> float:
+        self.sync()
         pool = self.scheduler.kv.pool
         return pool.num_used / pool.num_blocks
 
     def prefix_match_blocks(self, block_hashes: Sequence[int]) -> int:
+        self.sync()
         return self.scheduler.kv.prefix_match_blocks(block_hashes)
+
+    def sync(self) -> None:
+        """Inside a decode run, apply the steps that have ended by now, so that anything reading this
+        replica sees exactly the state the step-by-step path would have."""
+        active = self._run_state
+        if active is not None:
+            active.advance(self.env.now)
 
     # ----- work ------------------------------------------------------------------------------------
 
@@ -71,6 +87,8 @@ class Replica:
             return
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
+        elif self._run_state is not None and self._run_state.cut_on_arrival and not self._run_state.cut:
+            self.process.interrupt()  # the scheduler would try to admit it at the next step boundary
 
     def _run(self):  # type: ignore[no-untyped-def]  # a SimPy generator
         env = self.env
@@ -87,6 +105,11 @@ class Replica:
                 yield self._wakeup
                 self._wakeup = None
                 continue
+            if self.fast_path:
+                num_steps = scheduler.steady_decode_steps()
+                if num_steps >= 2:
+                    yield from self._decode_run(num_steps)
+                    continue
             plan = scheduler.schedule()
             if plan.is_empty:
                 # Work that cannot start (it waits on memory no running request will free): wait for
@@ -112,4 +135,67 @@ class Replica:
                     log.on_finish(request.request_id, delivered, request.num_cached_tokens,
                                   request.num_preemptions)
             series.maybe_sample(now, len(scheduler.running), scheduler.num_waiting, pool.num_used,
+                                pool.num_blocks, kv.num_hit_tokens, kv.num_lookup_tokens)
+
+    def _decode_run(self, num_steps: int):  # type: ignore[no-untyped-def]  # a SimPy generator
+        """Advance ``num_steps`` identical decode steps in one event (cut short by an arrival that the
+        scheduler would try to admit)."""
+        scheduler = self.scheduler
+        env = self.env
+        run = DecodeRun(scheduler, num_steps)
+        times = self.cost_model.decode_times(run.batch, run.ctx_sum_start, num_steps)
+        # Step end times accumulated one addition at a time from now, as the step-by-step clock does.
+        ends = np.add.accumulate(np.concatenate(([env.now], times)))[1:]
+        cut_on_arrival = scheduler.config.batching is not Batching.STATIC and len(scheduler.running) < (
+            scheduler.config.max_num_seqs
+        )
+        active = _ActiveRun(self, run, ends, cut_on_arrival)
+        self._run_state = active
+        try:
+            yield env.timeout(float(ends[-1]) - env.now)
+        except simpy.Interrupt:
+            # An arrival during step j: step j completes, then the scheduler sees the new request.
+            active.cut = True
+            last = int(np.searchsorted(ends, env.now, side="right")) + 1
+            last = min(last, num_steps)
+            run.truncate(max(last, run.num_done))
+            while env.now < float(ends[run.num_steps - 1]):
+                try:
+                    yield env.timeout(float(ends[run.num_steps - 1]) - env.now)
+                except simpy.Interrupt:
+                    continue  # already cut: later arrivals just wait for this step to end
+        active.advance(float(ends[run.num_steps - 1]))
+        self._run_state = None
+        run.finish()
+        k = run.num_steps
+        self.num_steps += k
+        self.num_fast_steps += k
+        self.busy_s += float(times[:k].sum())
+
+
+class _ActiveRun:
+    """A decode run in flight on a replica: which of its steps have been applied, with their samples."""
+
+    __slots__ = ("cut", "cut_on_arrival", "ends", "replica", "run")
+
+    def __init__(self, replica: Replica, run: DecodeRun, ends: np.ndarray, cut_on_arrival: bool) -> None:
+        self.replica = replica
+        self.run = run
+        self.ends = ends.tolist()
+        self.cut_on_arrival = cut_on_arrival
+        self.cut = False
+
+    def advance(self, now: float) -> None:
+        """Apply every step of the run that ended at or before ``now``, sampling the series after each."""
+        run = self.run
+        replica = self.replica
+        scheduler = replica.scheduler
+        kv = scheduler.kv
+        pool = kv.pool
+        series = replica.series
+        ends = self.ends
+        running = len(scheduler.running)
+        while run.num_done < run.num_steps and ends[run.num_done] <= now:
+            run.advance_to(run.num_done + 1)
+            series.maybe_sample(ends[run.num_done - 1], running, scheduler.num_waiting, pool.num_used,
                                 pool.num_blocks, kv.num_hit_tokens, kv.num_lookup_tokens)

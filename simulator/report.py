@@ -22,7 +22,15 @@ import plotly.graph_objects as go
 
 from simulator.metrics import RequestOutcome, RunResult, Summary, VariantResult
 
-__all__ = ["CDF_POINTS", "MAX_REPLICA_LINES", "TIME_POINTS", "render_report"]
+__all__ = [
+    "CDF_POINTS",
+    "MAX_REPLICA_LINES",
+    "SUMMARY_ROWS",
+    "TIME_POINTS",
+    "build_figures",
+    "format_value",
+    "render_report",
+]
 
 CDF_POINTS = 500
 """Quantile points per CDF curve: smooth at screen resolution, independent of the number of requests."""
@@ -272,7 +280,7 @@ def _prefix_figure(result: RunResult, series: dict[str, pd.DataFrame]) -> go.Fig
 # Page
 # --------------------------------------------------------------------------------------------------------
 
-_ROWS: Sequence[tuple[str, str, str]] = (
+SUMMARY_ROWS: Sequence[tuple[str, str, str]] = (
     # (Summary field, label, format)
     ("requests_arrived", "requests arrived", "int"),
     ("requests_completed", "completed", "int"),
@@ -302,7 +310,7 @@ _ROWS: Sequence[tuple[str, str, str]] = (
 )
 
 
-def _fmt(value: float | int | bool, kind: str) -> str:
+def format_value(value: float | int | bool, kind: str) -> str:
     if isinstance(value, float) and not math.isfinite(value):
         return "—"
     if kind == "int":
@@ -323,11 +331,11 @@ def _summary_table(result: RunResult) -> str:
     for name in names:
         s: Summary = result.variants[name].summary
         cls, word = ("ok", "SLO met") if s.slo_met else ("fail", "SLO missed")
-        target = _fmt(s.slo_target_attainment, "pct")
+        target = format_value(s.slo_target_attainment, "pct")
         verdicts.append(f'<td><span class="verdict {cls}">{word}</span><br><small>target {target}</small></td>')
     rows.append(f"<tr><th>verdict</th>{''.join(verdicts)}</tr>")
-    for attr, label, kind in _ROWS:
-        cells = "".join(f"<td>{_fmt(getattr(result.variants[n].summary, attr), kind)}</td>" for n in names)
+    for attr, label, kind in SUMMARY_ROWS:
+        cells = "".join(f"<td>{format_value(getattr(result.variants[n].summary, attr), kind)}</td>" for n in names)
         rows.append(f"<tr><th>{html.escape(label)}</th>{cells}</tr>")
     profiles = "".join(
         f"<td>{html.escape(v.profile.name)} ({html.escape(v.profile.kind)})</td>" for v in result.variants.values()
@@ -353,8 +361,10 @@ table.summary tbody th { text-align: left; font-weight: normal; color: #444; }
 """
 
 
-def render_report(result: RunResult) -> str:
-    """The whole report as one HTML string (plotly.js inlined once; no network needed to view it)."""
+def build_figures(result: RunResult) -> dict[str, go.Figure]:
+    """Every plot of the report, keyed by its div id, in page order: ``ttft-cdf``, ``tpot-cdf``,
+    ``e2e-cdf``, ``throughput``, ``queue``, ``prefix-hit``, then ``kv-util-<i>`` per variant. The
+    dashboard shows the same figures."""
     reqs = {name: _Requests(v) for name, v in result.variants.items()}
     series = {name: result.series_df(name) for name in result.variants}
     end_s = max(
@@ -362,21 +372,22 @@ def render_report(result: RunResult) -> str:
         *(v.summary.duration_s + v.summary.warmup_s for v in result.variants.values()),
     )
 
-    figures: list[tuple[str, go.Figure]] = [
-        ("ttft-cdf", _cdf_figure(result, reqs, "ttft_ms", "TTFT")),
-        ("tpot-cdf", _cdf_figure(result, reqs, "tpot_ms", "TPOT")),
-        ("e2e-cdf", _cdf_figure(result, reqs, "e2e_ms", "E2E")),
-        ("throughput", _throughput_figure(result, reqs, end_s)),
-        ("queue", _queue_figure(result, series)),
-        ("prefix-hit", _prefix_figure(result, series)),
-    ]
+    figures: dict[str, go.Figure] = {
+        "ttft-cdf": _cdf_figure(result, reqs, "ttft_ms", "TTFT"),
+        "tpot-cdf": _cdf_figure(result, reqs, "tpot_ms", "TPOT"),
+        "e2e-cdf": _cdf_figure(result, reqs, "e2e_ms", "E2E"),
+        "throughput": _throughput_figure(result, reqs, end_s),
+        "queue": _queue_figure(result, series),
+        "prefix-hit": _prefix_figure(result, series),
+    }
     for i, (name, v) in enumerate(result.variants.items()):
-        figures.append((f"kv-util-{i}", _kv_figure(v, series[name], i)))
+        figures[f"kv-util-{i}"] = _kv_figure(v, series[name], i)
 
     warmup_s = max(v.summary.warmup_s for v in result.variants.values())
-    divs = []
-    for i, (div_id, fig) in enumerate(figures):
-        if warmup_s > 0 and div_id not in ("ttft-cdf", "tpot-cdf", "e2e-cdf"):
+    if warmup_s > 0:
+        for div_id, fig in figures.items():
+            if div_id in ("ttft-cdf", "tpot-cdf", "e2e-cdf"):
+                continue
             fig.add_vrect(
                 x0=0,
                 x1=warmup_s,
@@ -386,9 +397,15 @@ def render_report(result: RunResult) -> str:
                 annotation_text="warm-up",
                 annotation_position="top left",
             )
-        divs.append(
-            fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=div_id, config={"displaylogo": False})
-        )
+    return figures
+
+
+def render_report(result: RunResult) -> str:
+    """The whole report as one HTML string (plotly.js inlined once; no network needed to view it)."""
+    divs = [
+        fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=div_id, config={"displaylogo": False})
+        for i, (div_id, fig) in enumerate(build_figures(result).items())
+    ]
 
     title = html.escape(result.scenario_name)
     profiles = ", ".join(

@@ -22,7 +22,7 @@ from simulator.core.config import Batching, KVPolicy, Preemption, QueuePolicy, S
 from simulator.core.presets import PRESETS
 from simulator.errors import ConfigError
 from simulator.metrics import SLO, CostConfig
-from simulator.profile import Profile, config_error_from_validation, list_profiles, load_profile
+from simulator.profile import Profile, config_error_from_validation, get_accelerator, list_profiles, load_profile
 from simulator.router import RouterConfig
 from simulator.workload import WorkloadConfig
 
@@ -116,6 +116,9 @@ class SimulationConfig(_Section):
     """Requests arriving before this are simulated but left out of the latency figures."""
     fast_path: bool = True
     """Advance runs of identical decode steps in one event (same results as step by step)."""
+    # issue 8 (capacity planning): sensitivity of an answer to cost-model error.
+    cost_factor: float = Field(default=1.0, gt=0)
+    """Multiply every step time by this (1.1 = the cost model underestimates by 10 %); for sensitivity."""
 
 
 class Scenario(_Section):
@@ -197,9 +200,14 @@ def load_mapping(raw: dict[str, Any], overrides: list[str] | tuple[str, ...] = (
         raw["seed"] = seed
     scenario = validate(raw, file=source)
     loaded = LoadedScenario(scenario, source, raw)
-    loaded.variants()  # a broken variant is a load error, not a surprise halfway through a run
-    for sc in loaded.variants().values():
-        resolve_replica(sc)
+    variants = loaded.variants()  # a broken variant is a load error, not a surprise halfway through a run
+    for name, sc in variants.items():
+        try:
+            resolve_replica(sc)
+        except ConfigError as err:  # name the file (and the variant) the impossible setting came from
+            prefix = f"variants.{name}" if scenario.variants else ""
+            field = ".".join(p for p in (prefix, err.field) if p) or None
+            raise ConfigError(err.message, file=err.file or source, field=field) from None
     return loaded
 
 
@@ -283,12 +291,34 @@ def pick_profile(fleet: FleetConfig) -> Profile:
     measured = [n for n in candidates if not n.endswith("-analytic")]
     chosen = (measured or candidates)[0] if candidates else None
     if chosen is None:
+        _check_weights_fit(fleet)
         raise ConfigError(
             f"no shipped profile for {fleet.hardware} / {fleet.model} / tp {fleet.tp} (a model that does not "
             f"fit this memory has none); shipped: {', '.join(list_profiles())}",
             field="fleet",
         )
     return load_profile(chosen)
+
+
+def _check_weights_fit(fleet: FleetConfig) -> None:
+    """Explain a missing profile when the reason is that the model's weights exceed the GPU's memory at
+    this tp (weights per GPU scaled from any shipped profile of the model at another tp)."""
+    for name in list_profiles():
+        profile = load_profile(name)
+        if profile.model != fleet.model:
+            continue
+        try:
+            hbm_bytes = get_accelerator(fleet.hardware).hbm_bytes
+        except ConfigError as err:
+            raise ConfigError(err.message, field="fleet.hardware") from None
+        weight_bytes = profile.memory.weight_bytes * profile.tp / fleet.tp
+        if weight_bytes >= hbm_bytes:
+            raise ConfigError(
+                f"{fleet.model} does not fit on {fleet.hardware} at tp {fleet.tp}: its weights need "
+                f"{weight_bytes / 1e9:.0f} GB per GPU, the GPU has {hbm_bytes / 1e9:.0f} GB; raise fleet.tp",
+                field="fleet.tp",
+            )
+        return
 
 
 def resolve_replica(scenario: Scenario) -> ReplicaSetup:

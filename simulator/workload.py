@@ -124,10 +124,12 @@ class CurveArrival(_Config):
         peak = self.peak_rate_rps
         last_t, last_rate = self.points[-1]
         end_s = last_t if last_rate == 0 else np.inf
+        # Separate streams for gaps and coin flips: the draws then do not depend on the chunk size.
+        gap_rng, keep_rng = rng.spawn(2)
         start = 0.0
         while start < end_s:
-            candidates = start + np.cumsum(rng.exponential(1.0 / peak, size))
-            keep = rng.random(size) * peak < self.rate_at(candidates)
+            candidates = start + np.cumsum(gap_rng.exponential(1.0 / peak, size))
+            keep = keep_rng.random(size) * peak < self.rate_at(candidates)
             start = float(candidates[-1])
             yield candidates[keep & (candidates < end_s)]
 
@@ -180,7 +182,7 @@ class LognormalLength(_Config):
     median: float = Field(gt=0)
     """Median value (tokens or turns): exp(mu) of the underlying normal."""
     sigma: float = Field(ge=0)
-    """Standard deviation of the log; ~1 fits ShareGPT-like chat lengths, 0 makes every value the median."""
+    """Standard deviation of log(value); larger means a longer tail, 0 makes every value the median."""
     min: int = Field(default=1, ge=1)
     """Smallest value after rounding; 1 because a request needs at least one token."""
     max: int | None = Field(default=None, ge=1)
@@ -218,7 +220,8 @@ class EmpiricalLength(_Config):
         return values[rng.integers(0, len(values), size)]
 
     def values(self, base_dir: Path | None) -> np.ndarray:
-        rows = _cached_trace(self.format, resolve_trace_path(self.path, base_dir))
+        path = resolve_trace_path(self.path, base_dir)
+        rows = _cached_trace(self.format, path, path.stat().st_mtime_ns if path.is_file() else -1)
         return np.maximum(getattr(rows, self.column), 1)
 
 
@@ -278,7 +281,8 @@ class TraceConfig(_Config):
     time_scale: float | None = Field(default=None, gt=0)
     """Multiply every arrival time (and so every gap) by this; 0.5 doubles the load. None = as recorded."""
     rate_rps: float | None = Field(default=None, gt=0)
-    """Rescale arrival times so the mean rate is this, requests per second; exclusive with time_scale."""
+    """Rescale arrival times so the mean rate of the rows from start_s to the trace's end is this,
+    requests per second (before num_requests and duration_s cut it); exclusive with time_scale."""
     start_s: float = Field(default=0.0, ge=0)
     """Skip the trace's first start_s seconds; the rest is shifted so that start_s becomes time 0."""
     max_prompt_tokens: int | None = Field(default=None, ge=1)
@@ -346,6 +350,8 @@ class _Stream(IntEnum):
     SYSTEM_PROMPT = 4
     TURNS = 5
     THINK = 6
+    PROBE = 7
+    """Only sizes a first guess; never shapes a request."""
 
 
 def _rng(seed: int, stream: _Stream) -> np.random.Generator:
@@ -361,16 +367,17 @@ class ArrivalProcess(Protocol):
     def chunks(self, rng: np.random.Generator, size: int) -> Iterator[np.ndarray]: ...
 
 
+class _GapSampler(Protocol):
+    def __call__(self, size: int) -> np.ndarray: ...
+
+
 def _renewal(draw_gaps: _GapSampler, size: int) -> Iterator[np.ndarray]:
+    """Arrival times of a renewal process (independent gaps), ``size`` at a time."""
     start = 0.0
     while True:
         times = start + np.cumsum(draw_gaps(size))
         start = float(times[-1])
         yield times
-
-
-class _GapSampler(Protocol):
-    def __call__(self, size: int) -> np.ndarray: ...
 
 
 def arrival_times(
@@ -414,8 +421,8 @@ def _sample_lengths(
 
 
 @functools.lru_cache(maxsize=8)
-def _cached_trace(trace_format: TraceFormat, path: Path) -> TraceRows:
-    """Empirical distributions reread the same file for prompt and output: read it once per process."""
+def _cached_trace(trace_format: TraceFormat, path: Path, mtime_ns: int) -> TraceRows:
+    """Empirical distributions reread the same file for prompt and output: read it once per version."""
     return load_trace(trace_format, path)
 
 
@@ -762,21 +769,21 @@ def _generate_sessions(
 ) -> Workload:
     """Sessions start by the arrival process; their turns are then sorted with everyone else's.
 
-    With num_requests, the first N turns by arrival must not miss a turn of a session not yet drawn.
+    With num_requests N, the first N turns by arrival must not miss a turn of a session not yet drawn.
     Any later session starts after the last drawn one, so once N kept turns arrive by that start we are
-    done; otherwise draw twice as many sessions (from the same seed, so the result stays deterministic).
+    done; otherwise draw more sessions. Every draw is sequential per stream, so drawing more sessions
+    only appends to the earlier draws and the result does not depend on how many were drawn.
     """
-    num_sessions = config.num_requests
+    num_sessions = _initial_session_count(config.num_requests, sessions, seed=seed, base_dir=base_dir)
     while True:
         turns = _session_turns(config, sessions, seed=seed, num_sessions=num_sessions, base_dir=base_dir)
         order = np.argsort(turns["arrival_s"], kind="stable")
         if num_sessions is None or len(turns["session_starts"]) < num_sessions:
             break  # every session that can start did: nothing is missing
-        assert config.num_requests is not None
         horizon = turns["session_starts"][-1]
-        if np.count_nonzero(turns["arrival_s"] <= horizon) >= config.num_requests:
+        if np.count_nonzero(turns["arrival_s"] <= horizon) >= (config.num_requests or 0):
             break
-        num_sessions *= 2
+        num_sessions = num_sessions * 3 // 2 + 1
     order = order[: config.num_requests]
     sorted_turns = {name: column[order] for name, column in turns.items() if name != "session_starts"}
     prefix_id = sorted_turns["prefix_id"] if config.system_prompts is not None else None
@@ -797,6 +804,17 @@ def _generate_sessions(
         block_size=block_size,
         block_keys=keys,
     )
+
+
+def _initial_session_count(
+    num_requests: int | None, sessions: SessionConfig, *, seed: int, base_dir: Path | None
+) -> int | None:
+    """Sessions likely to hold num_requests turns: drawing num_requests sessions would always do, but
+    would cost several times the memory of the turns finally kept."""
+    if num_requests is None:
+        return None
+    probe = sessions.turns.sample(_rng(seed, _Stream.PROBE), 4096, base_dir)
+    return min(num_requests, int(1.1 * num_requests / max(float(probe.mean()), 1.0)) + 100)
 
 
 def _session_turns(
@@ -847,10 +865,11 @@ def _replay_trace(
     config: WorkloadConfig, trace: TraceConfig, *, seed: int, block_size: int, base_dir: Path | None
 ) -> Workload:
     """Trace rows in arrival order, limited by num_requests and duration_s; the trace is never looped."""
-    rows = load_trace(trace.format, resolve_trace_path(trace.path, base_dir))
+    path = resolve_trace_path(trace.path, base_dir)
+    rows = load_trace(trace.format, path)
     if config.arrival is None:
         assert rows.arrival_s is not None  # the config validator requires an arrival process otherwise
-        arrival, row_index = _trace_times(rows.arrival_s, trace, rows_file=trace.path)
+        arrival, row_index = _trace_times(rows.arrival_s, trace, file=path)
         if config.duration_s is not None:
             inside = arrival < config.duration_s
             arrival, row_index = arrival[inside], row_index[inside]
@@ -884,14 +903,14 @@ def _replay_trace(
     )
 
 
-def _trace_times(times: np.ndarray, trace: TraceConfig, *, rows_file: str) -> tuple[np.ndarray, np.ndarray]:
+def _trace_times(times: np.ndarray, trace: TraceConfig, *, file: Path) -> tuple[np.ndarray, np.ndarray]:
     """(arrival times after start_s and rescaling, the trace row of each), sorted by time."""
     order = np.argsort(times, kind="stable")  # shipped traces are sorted; a stable sort keeps ties in order
     order = order[times[order] >= trace.start_s]
     if len(order) == 0:
         raise ConfigError(
             f"no trace rows at or after start_s = {trace.start_s} s",
-            file=rows_file,
+            file=file,
             field="workload.trace.start_s",
         )
     arrival = times[order] - trace.start_s
@@ -902,7 +921,7 @@ def _trace_times(times: np.ndarray, trace: TraceConfig, *, rows_file: str) -> tu
         if span <= 0:
             raise ConfigError(
                 "cannot rescale to rate_rps: the selected rows span no time",
-                file=rows_file,
+                file=file,
                 field="workload.trace.rate_rps",
             )
         # (n - 1) gaps over the span is the mean rate; scale so that it becomes rate_rps.

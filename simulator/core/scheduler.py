@@ -20,7 +20,6 @@ Standard library only.
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections import deque
 from collections.abc import Collection, Iterator
 
@@ -88,7 +87,8 @@ class Scheduler:
         self.running: list[Request] = []
         """Requests holding KV, in admission order (the order the chunked policy serves them)."""
         self.requests: dict[int, Request] = {}
-        self._step_ids = itertools.count()
+        self.num_steps = 0
+        """Steps scheduled so far (the next plan's step_id)."""
         self.num_host_blocks_used = 0
         self.num_preemptions = 0
         self._steps_since_prefill = 0
@@ -141,7 +141,8 @@ class Scheduler:
     # ----- one step --------------------------------------------------------------------------------
 
     def schedule(self) -> StepPlan:
-        plan = StepPlan(next(self._step_ids))
+        plan = StepPlan(self.num_steps)
+        self.num_steps += 1
         batching = self.config.batching
         if batching is Batching.CHUNKED:
             self._schedule_chunked(plan)
@@ -173,6 +174,61 @@ class Scheduler:
         if finished:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return finished
+
+    # ----- fast path: how many steps until something changes ------------------------------------------
+
+    def steady_decode_steps(self) -> int:
+        """Steps ahead in which the batch cannot change: every running request decodes one token, none
+        finishes, none is admitted, no allocation fails. 0 when the next step is not such a step.
+
+        The simulator advances that many steps in one event (``DecodeRun``); arrivals that could change
+        the answer (a waiting request the scheduler would try to admit) cut the run short.
+        """
+        running = self.running
+        cfg = self.config
+        if not running or self.swapped or len(running) > cfg.max_num_batched_tokens:
+            return 0
+        if self.waiting and cfg.batching is not Batching.STATIC and len(running) < cfg.max_num_seqs:
+            return 0
+        steps = 1 << 30
+        for request in running:
+            if request.num_tokens - request.num_computed_tokens != 1:
+                return 0  # a prompt chunk is still pending
+            remaining = request.max_output_tokens - request.num_output_tokens
+            if remaining < steps:
+                steps = remaining
+        steps -= 1  # the step that finishes a request is taken step by step
+        if steps < 2:
+            return 0
+        if cfg.kv_policy is not KVPolicy.PAGED:
+            return steps  # contiguous and reserve already hold every block the run needs
+        # Paged KV: the blocks the run will pop must all be free now, else a step would preempt.
+        free = self.kv.num_free_blocks
+        if self._blocks_for_steps(steps) <= free:
+            return steps
+        low, high = 0, steps  # the largest run that fits; blocks needed grow with the run
+        while low < high:
+            mid = (low + high + 1) // 2
+            if self._blocks_for_steps(mid) <= free:
+                low = mid
+            else:
+                high = mid - 1
+        return low if low >= 2 else 0
+
+    def _blocks_for_steps(self, steps: int) -> int:
+        bs = self.block_size
+        held = self.kv.req_blocks
+        need = 0
+        for request in self.running:
+            extra = -(-(request.num_computed_tokens + steps) // bs) - len(held[request.request_id])
+            if extra > 0:
+                need += extra
+        return need
+
+    def account_steps(self, num_steps: int) -> None:
+        """Counters the step-by-step path advances once per step (a DecodeRun advances them in bulk)."""
+        self.num_steps += num_steps
+        self._steps_since_prefill += num_steps
 
     # ----- policies ------------------------------------------------------------------------------
 

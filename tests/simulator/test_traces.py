@@ -13,13 +13,13 @@ from pydantic import ValidationError
 
 from simulator.errors import ConfigError
 from simulator.traces import read_trace, resolve_trace_path, traces_dir
-from simulator.workload import WorkloadConfig, generate
+from simulator.workload import Workload, WorkloadConfig, generate
 
 SHIPPED = traces_dir()
 needs_traces = pytest.mark.skipif(not SHIPPED.is_dir(), reason=f"shipped traces not found at {SHIPPED}")
 
 
-def replay(trace: dict[str, Any], *, block_size: int = 16, base_dir: Path | None = None, **fields: Any):  # type: ignore[no-untyped-def]
+def replay(trace: dict[str, Any], *, block_size: int = 16, base_dir: Path | None = None, **fields: Any) -> Workload:
     cfg = WorkloadConfig.model_validate({"trace": trace, **fields})
     return generate(cfg, seed=0, block_size=block_size, base_dir=base_dir)
 
@@ -169,8 +169,10 @@ def test_trace_paths_resolve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 def azure_rows(count: int) -> list[tuple[str, int, int]]:
     # Irregular gaps (1 to 3 s), and the last row has a zero-token answer.
     seconds = np.cumsum([0] + [1 + i % 3 for i in range(count - 1)])
-    return [(f"2023-11-16 18:{s // 60:02d}:{s % 60:02d}.5", 100 + i, 0 if i == count - 1 else 5)
-            for i, s in enumerate(seconds.tolist())]
+    return [
+        (f"2023-11-16 18:{s // 60:02d}:{s % 60:02d}.5", 100 + i, 0 if i == count - 1 else 5)
+        for i, s in enumerate(seconds.tolist())
+    ]
 
 
 def test_replay_time_scale_start_and_clamps(tmp_path: Path) -> None:
@@ -183,9 +185,8 @@ def test_replay_time_scale_start_and_clamps(tmp_path: Path) -> None:
     late = replay({"format": "azure", "path": "t.csv", "start_s": 100.0}, base_dir=tmp_path)
     kept = plain.arrival_s[plain.arrival_s >= 100.0]
     np.testing.assert_allclose(late.arrival_s, kept - 100.0)
-    clamped = replay({"format": "azure", "path": "t.csv", "max_prompt_tokens": 150}, base_dir=tmp_path,
-                     duration_s=50.0)
-    assert clamped.prompt_tokens.max() == 150 and clamped.arrival_s[-1] < 50.0
+    clamped = replay({"format": "azure", "path": "t.csv", "max_prompt_tokens": 110}, base_dir=tmp_path, duration_s=50.0)
+    assert clamped.prompt_tokens.max() == 110 and clamped.arrival_s[-1] < 50.0
 
 
 def test_replay_rate_gives_the_asked_mean_rate(tmp_path: Path) -> None:
@@ -196,8 +197,9 @@ def test_replay_rate_gives_the_asked_mean_rate(tmp_path: Path) -> None:
 
 
 def test_vidur_lengths_with_synthetic_arrivals(tmp_path: Path) -> None:
-    (tmp_path / "v.csv").write_text("num_prefill_tokens,num_decode_tokens\n" + "".join(
-        f"{100 + i},{i}\n" for i in range(50)))
+    (tmp_path / "v.csv").write_text(
+        "num_prefill_tokens,num_decode_tokens\n" + "".join(f"{100 + i},{i}\n" for i in range(50))
+    )
     trace = {"format": "vidur", "path": "v.csv"}
     workload = replay(trace, base_dir=tmp_path, arrival={"process": "constant", "rate_rps": 2.0})
     assert len(workload) == 50  # the trace's rows run out: it is not looped
@@ -240,13 +242,13 @@ def test_mooncake_shared_ids_share_exactly_their_engine_blocks(tmp_path: Path, b
         {"timestamp": 30, "input_length": 2048, "output_length": 5, "hash_ids": [1, 8, 9, 10]},
     ]
     write_mooncake(tmp_path / "m.jsonl", rows)
-    a, b, c, d = replay({"format": "mooncake", "path": "m.jsonl"}, block_size=block_size,
-                        base_dir=tmp_path).specs()
+    a, b, c, d = replay({"format": "mooncake", "path": "m.jsonl"}, block_size=block_size, base_dir=tmp_path).specs()
     assert a.arrival_s == 0.0 and b.arrival_s == 0.01 and c.output_tokens == 1
     assert len(a.block_hashes) == 2048 // block_size
     shared = 2 * 512 // block_size  # two leading ids in common
-    common = next((i for i, (x, y) in enumerate(zip(a.block_hashes, b.block_hashes, strict=True)) if x != y),
-                  len(a.block_hashes))
+    common = next(
+        (i for i, (x, y) in enumerate(zip(a.block_hashes, b.block_hashes, strict=True)) if x != y), len(a.block_hashes)
+    )
     assert common == shared
     assert not set(a.block_hashes[shared:]) & set(b.block_hashes[shared:])
     assert c.block_hashes == a.block_hashes  # same ids, same blocks
@@ -258,8 +260,7 @@ def test_mooncake_partial_blocks_and_truncation_get_no_hash(tmp_path: Path) -> N
     write_mooncake(tmp_path / "m.jsonl", rows)
     (spec,) = replay({"format": "mooncake", "path": "m.jsonl"}, base_dir=tmp_path).specs()
     assert len(spec.block_hashes) == 1000 // 16  # the partial 1000 - 992 = 8 tokens have no block
-    (short,) = replay({"format": "mooncake", "path": "m.jsonl", "max_prompt_tokens": 100},
-                      base_dir=tmp_path).specs()
+    (short,) = replay({"format": "mooncake", "path": "m.jsonl", "max_prompt_tokens": 100}, base_dir=tmp_path).specs()
     assert short.prompt_tokens == 100 and short.block_hashes == spec.block_hashes[: 100 // 16]
     (big,) = replay({"format": "mooncake", "path": "m.jsonl"}, block_size=1024, base_dir=tmp_path).specs()
     assert big.block_hashes == ()  # 1000 tokens fill no 1024-token block

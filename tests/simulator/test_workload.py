@@ -93,8 +93,9 @@ def test_registries_name_every_choice() -> None:
 
 
 def test_poisson_mean_rate_and_exponential_gaps() -> None:
-    workload = generate(config(num_requests=20_000, arrival={"process": "poisson", "rate_rps": 25.0}),
-                        seed=11, block_size=BLOCK)
+    workload = generate(
+        config(num_requests=20_000, arrival={"process": "poisson", "rate_rps": 25.0}), seed=11, block_size=BLOCK
+    )
     g = gaps(workload)
     # Mean of 20k exponential gaps: standard error 1/sqrt(20k) = 0.7 % of the mean; allow 5 of them.
     assert g.mean() == pytest.approx(1 / 25.0, rel=0.035)
@@ -124,8 +125,9 @@ def test_gamma_arrivals_have_the_configured_burstiness(cv: float) -> None:
 
 
 def test_constant_arrivals_are_evenly_spaced() -> None:
-    workload = generate(config(num_requests=1000, arrival={"process": "constant", "rate_rps": 4.0}),
-                        seed=0, block_size=BLOCK)
+    workload = generate(
+        config(num_requests=1000, arrival={"process": "constant", "rate_rps": 4.0}), seed=0, block_size=BLOCK
+    )
     np.testing.assert_allclose(workload.arrival_s, np.arange(1, 1001) / 4.0)
 
 
@@ -173,8 +175,9 @@ def test_empirical_lengths_from_one_file_keep_rows_together(tmp_path: Path) -> N
     trace = tmp_path / "lengths.csv"
     trace.write_text("num_prefill_tokens,num_decode_tokens\n" + "".join(f"{p},{d}\n" for p, d in rows))
     source = {"dist": "empirical", "format": "vidur", "path": "lengths.csv"}
-    cfg = config(prompt_tokens={**source, "column": "prompt_tokens"},
-                 output_tokens={**source, "column": "output_tokens"})
+    cfg = config(
+        prompt_tokens={**source, "column": "prompt_tokens"}, output_tokens={**source, "column": "output_tokens"}
+    )
     workload = generate(cfg, seed=1, block_size=BLOCK, base_dir=tmp_path)
     pairs = set(zip(workload.prompt_tokens.tolist(), workload.output_tokens.tolist(), strict=True))
     assert pairs == {(100, 7), (2000, 1), (350, 42)}  # a zero-token answer counts as one token
@@ -185,8 +188,9 @@ def test_empirical_lengths_from_one_file_keep_rows_together(tmp_path: Path) -> N
 
 def test_system_prompt_blocks_are_shared_exactly() -> None:
     tokens = 100  # 6 full blocks of 16, the 7th straddles into the user's tokens
-    cfg = config(system_prompts={"num_prompts": 3, "tokens": tokens},
-                 prompt_tokens={"dist": "uniform", "low": 40, "high": 400})
+    cfg = config(
+        system_prompts={"num_prompts": 3, "tokens": tokens}, prompt_tokens={"dist": "uniform", "low": 40, "high": 400}
+    )
     specs = generate(cfg, seed=2, block_size=BLOCK).specs()
     assert all(s.prompt_tokens >= tokens + 40 for s in specs)
     by_prompt: dict[tuple[int, ...], list[RequestSpec]] = {}
@@ -219,15 +223,15 @@ SESSIONS = {
 
 
 def session_config(**fields: Any) -> WorkloadConfig:
-    return config(
-        num_requests=3000,
-        arrival={"process": "poisson", "rate_rps": 2.0},
-        prompt_tokens={"dist": "lognormal", "median": 120, "sigma": 0.7, "max": 1000},
-        output_tokens={"dist": "lognormal", "median": 150, "sigma": 0.7, "max": 800},
-        system_prompts={"num_prompts": 2, "tokens": 200},
-        sessions=SESSIONS,
-        **fields,
-    )
+    base: dict[str, Any] = {
+        "num_requests": 3000,
+        "arrival": {"process": "poisson", "rate_rps": 2.0},
+        "prompt_tokens": {"dist": "lognormal", "median": 120, "sigma": 0.7, "max": 1000},
+        "output_tokens": {"dist": "lognormal", "median": 150, "sigma": 0.7, "max": 800},
+        "system_prompts": {"num_prompts": 2, "tokens": 200},
+        "sessions": SESSIONS,
+    }
+    return config(**{**base, **fields})
 
 
 def turns_by_session(workload: Workload) -> dict[int, list[RequestSpec]]:
