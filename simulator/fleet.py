@@ -91,6 +91,7 @@ def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
     end_s = env.now if sim.horizon_s is None else sim.horizon_s
     end_s = max(end_s, 1e-9)
     for replica in replicas:
+        replica.sync()  # a decode run cut by the horizon: its steps so far count
         replica.series.close(end_s)
     if inspect is not None:
         inspect(name, replicas)

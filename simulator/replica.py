@@ -81,6 +81,7 @@ class Replica:
     # ----- work ------------------------------------------------------------------------------------
 
     def submit(self, spec: RequestSpec) -> None:
+        self.sync()  # steps that ended before this arrival are sampled without it
         request = self.scheduler.add_request(spec)
         if request.status is RequestStatus.REJECTED:
             self.log.on_rejected(spec.request_id, self.env.now)
@@ -149,8 +150,9 @@ class Replica:
         cut_on_arrival = scheduler.config.batching is not Batching.STATIC and len(scheduler.running) < (
             scheduler.config.max_num_seqs
         )
-        active = _ActiveRun(self, run, ends, cut_on_arrival)
+        active = _ActiveRun(self, run, env.now, ends, cut_on_arrival)
         self._run_state = active
+        active.advance(env.now)  # the first step is scheduled now
         try:
             yield env.timeout(float(ends[-1]) - env.now)
         except simpy.Interrupt:
@@ -164,7 +166,7 @@ class Replica:
                     yield env.timeout(float(ends[run.num_steps - 1]) - env.now)
                 except simpy.Interrupt:
                     continue  # already cut: later arrivals just wait for this step to end
-        active.advance(float(ends[run.num_steps - 1]))
+        active.close()
         self._run_state = None
         run.finish()
         k = run.num_steps
@@ -174,28 +176,47 @@ class Replica:
 
 
 class _ActiveRun:
-    """A decode run in flight on a replica: which of its steps have been applied, with their samples."""
+    """A decode run in flight on a replica: which of its steps have been applied, with their samples.
 
-    __slots__ = ("cut", "cut_on_arrival", "ends", "replica", "run")
+    The step-by-step path allocates a step's KV when the step is scheduled (at its start) and samples
+    the series when it ends, so a step is applied once its start has passed and sampled at its end.
+    """
 
-    def __init__(self, replica: Replica, run: DecodeRun, ends: np.ndarray, cut_on_arrival: bool) -> None:
+    __slots__ = ("cut", "cut_on_arrival", "ends", "num_sampled", "replica", "run", "start_s")
+
+    def __init__(self, replica: Replica, run: DecodeRun, start_s: float, ends: np.ndarray,
+                 cut_on_arrival: bool) -> None:
         self.replica = replica
         self.run = run
+        self.start_s = start_s
         self.ends = ends.tolist()
         self.cut_on_arrival = cut_on_arrival
         self.cut = False
+        self.num_sampled = 0
 
     def advance(self, now: float) -> None:
-        """Apply every step of the run that ended at or before ``now``, sampling the series after each."""
+        """Apply every step of the run that has started by ``now``, sampling each earlier one at its end."""
         run = self.run
-        replica = self.replica
-        scheduler = replica.scheduler
+        ends = self.ends
+        while run.num_done < run.num_steps:
+            started_s = ends[run.num_done - 1] if run.num_done else self.start_s
+            if started_s > now:
+                break
+            self._sample_through(run.num_done)
+            run.advance_to(run.num_done + 1)
+
+    def close(self) -> None:
+        """Apply and sample every step of the (possibly truncated) run."""
+        self.advance(self.ends[self.run.num_steps - 1])
+        self._sample_through(self.run.num_steps)
+
+    def _sample_through(self, step: int) -> None:
+        scheduler = self.replica.scheduler
         kv = scheduler.kv
         pool = kv.pool
-        series = replica.series
-        ends = self.ends
         running = len(scheduler.running)
-        while run.num_done < run.num_steps and ends[run.num_done] <= now:
-            run.advance_to(run.num_done + 1)
-            series.maybe_sample(ends[run.num_done - 1], running, scheduler.num_waiting, pool.num_used,
-                                pool.num_blocks, kv.num_hit_tokens, kv.num_lookup_tokens)
+        while self.num_sampled < step:
+            self.num_sampled += 1
+            self.replica.series.maybe_sample(self.ends[self.num_sampled - 1], running, scheduler.num_waiting,
+                                             pool.num_used, pool.num_blocks, kv.num_hit_tokens,
+                                             kv.num_lookup_tokens)

@@ -83,6 +83,11 @@ class FreeBlockQueue:
 class BlockPool:
     """All KV blocks of one replica, the free queue, and the hash -> block index of the prefix cache.
 
+    The free order starts as all blocks in id order; a freed block goes to the tail. Blocks never handed
+    out therefore always sit at the head, in id order, and are created lazily the first time they are
+    handed out: a pool of a million blocks costs nothing until it is used (a 64-replica fleet would
+    otherwise build tens of millions of objects before its first step).
+
     One block per hash: if two requests compute the same block concurrently, the second copy is simply
     not indexed (vLLM keeps duplicates; a duplicate can never be found by a later lookup that the first
     copy would not also answer, so only eviction timing differs).
@@ -93,30 +98,58 @@ class BlockPool:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
-        self.blocks = [Block(i) for i in range(num_blocks)]
-        self.free_queue = FreeBlockQueue(self.blocks)
+        self._created: list[Block] = []
+        self._next_fresh = 0
+        """Blocks with this id or above were never handed out: the head of the free order."""
+        self._freed = FreeBlockQueue(())
+        """Blocks handed out and freed since, in the order they were freed (after the fresh ones)."""
         self.cached: dict[int, Block] = {}
         self.num_evictions = 0
 
     @property
     def num_free(self) -> int:
         """Blocks that can be handed out now, including cached blocks nobody references (evictable)."""
-        return len(self.free_queue)
+        return self.num_blocks - self._next_fresh + len(self._freed)
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - len(self.free_queue)
+        return self._next_fresh - len(self._freed)
+
+    @property
+    def blocks(self) -> list[Block]:
+        """Every block, by id (creates the ones never used: for tests and invariant checks)."""
+        self._block(self.num_blocks - 1)
+        return self._created
+
+    @property
+    def free_queue(self) -> Iterable[Block]:
+        """The free blocks in eviction order (head first)."""
+        return [self._block(i) for i in range(self._next_fresh, self.num_blocks)] + list(self._freed)
+
+    def _block(self, block_id: int) -> Block:
+        created = self._created
+        if len(created) <= block_id:
+            created.extend(Block(i) for i in range(len(created), block_id + 1))
+        return created[block_id]
 
     def get_cached_block(self, block_hash: int) -> Block | None:
         return self.cached.get(block_hash)
 
     def get_new_blocks(self, num_blocks: int) -> list[Block]:
-        """Pop blocks from the head of the free queue (least recently freed first), evicting their hashes."""
-        if num_blocks > len(self.free_queue):
-            raise ValueError(f"asked for {num_blocks} blocks, {len(self.free_queue)} free")
-        out = []
-        for _ in range(num_blocks):
-            block = self.free_queue.popleft()
+        """Pop blocks from the head of the free order (least recently freed first), evicting their hashes."""
+        if num_blocks > self.num_free:
+            raise ValueError(f"asked for {num_blocks} blocks, {self.num_free} free")
+        out: list[Block] = []
+        num_fresh = min(num_blocks, self.num_blocks - self._next_fresh)
+        if num_fresh:
+            start = self._next_fresh
+            self._block(start + num_fresh - 1)
+            out = self._created[start : start + num_fresh]
+            for block in out:
+                block.ref_cnt = 1
+            self._next_fresh += num_fresh
+        for _ in range(num_blocks - num_fresh):
+            block = self._freed.popleft()
             if block.block_hash is not None:
                 del self.cached[block.block_hash]
                 block.block_hash = None
@@ -129,7 +162,7 @@ class BlockPool:
         """Take a reference on prefix-hit blocks; a free one leaves the queue (it is no longer evictable)."""
         for block in blocks:
             if block.ref_cnt == 0:
-                self.free_queue.remove(block)
+                self._freed.remove(block)
             block.ref_cnt += 1
 
     def free_blocks(self, blocks: Iterable[Block]) -> None:
@@ -137,7 +170,7 @@ class BlockPool:
         for block in blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self.free_queue.append(block)
+                self._freed.append(block)
             elif block.ref_cnt < 0:
                 raise AssertionError(f"{block} freed more often than referenced")
 

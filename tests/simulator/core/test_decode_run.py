@@ -1,0 +1,86 @@
+"""DecodeRun (the fast path) against plain steps: the same scheduler state, block for block."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.core.config import Batching, KVPolicy, SchedulerConfig
+from simulator.core.decode_run import DecodeRun
+from simulator.core.request import RequestSpec
+from simulator.core.scheduler import Scheduler
+
+
+def _state(sched: Scheduler) -> tuple[object, ...]:
+    pool = sched.kv.pool
+    return (
+        sched.num_steps,
+        [(r.request_id, r.num_computed_tokens, r.num_output_tokens, r.status) for r in sched.running],
+        {rid: [b.block_id for b in blocks] for rid, blocks in sched.kv.req_blocks.items()},
+        [b.block_id for b in pool.free_queue],
+        {h: b.block_id for h, b in pool.cached.items()},
+        pool.num_evictions,
+    )
+
+
+def _drive(config: SchedulerConfig, specs: list[RequestSpec], fast: bool) -> dict[int, tuple[object, ...]]:
+    """State after every step (step-by-step) or after every step or run (fast), keyed by steps done."""
+    sched = Scheduler(config)
+    states = {0: _state(sched)}
+    for spec in specs:
+        sched.add_request(spec)
+    guard = 0
+    while sched.has_work:
+        guard += 1
+        assert guard < 5000
+        k = sched.steady_decode_steps() if fast else 0
+        if k >= 2:
+            run = DecodeRun(sched, k)
+            run.advance_to(k // 2)  # partly applied, as when a router looks mid-run
+            run.finish()
+        else:
+            plan = sched.schedule()
+            sched.update(plan)
+        states[sched.num_steps] = _state(sched)
+    return states
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    block_size=st.sampled_from([1, 2, 4, 16]),
+    num_blocks=st.integers(24, 200),
+    batching=st.sampled_from(list(Batching)),
+    kv_policy=st.sampled_from(list(KVPolicy)),
+    caching=st.booleans(),
+    max_num_seqs=st.integers(1, 12),
+    reqs=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 60), st.integers(0, 2)), min_size=1, max_size=20),
+)
+def test_decode_runs_reach_the_same_state_as_single_steps(
+    block_size: int, num_blocks: int, batching: Batching, kv_policy: KVPolicy, caching: bool,
+    max_num_seqs: int, reqs: list[tuple[int, int, int]],
+) -> None:
+    config = SchedulerConfig(num_blocks=num_blocks, block_size=block_size, batching=batching, kv_policy=kv_policy,
+                             enable_prefix_caching=caching, max_num_seqs=max_num_seqs, max_model_len=128,
+                             max_num_batched_tokens=64)
+    # Hashes cover prompt and output, so output blocks are cached during runs too.
+    specs = [
+        RequestSpec(i, 0.0, p, o, block_hashes=tuple(f * 1000 + j for j in range((p + o) // block_size)))
+        for i, (p, o, f) in enumerate(reqs)
+    ]
+    slow = _drive(config, specs, fast=False)
+    fast = _drive(config, specs, fast=True)
+    assert max(fast) == max(slow)
+    for steps, state in fast.items():
+        assert state == slow[steps], f"state differs after {steps} steps"
+
+
+def test_a_run_needs_a_steady_batch() -> None:
+    config = SchedulerConfig(num_blocks=64, block_size=4, max_num_seqs=2, max_num_batched_tokens=64)
+    sched = Scheduler(config)
+    sched.add_request(RequestSpec(0, 0.0, 10, 20))
+    assert sched.steady_decode_steps() == 0  # the prompt is not computed yet
+    sched.update(sched.schedule())
+    assert sched.steady_decode_steps() == 18  # 19 outputs left; the finishing step goes alone
+    sched.add_request(RequestSpec(1, 0.0, 10, 5))
+    assert sched.steady_decode_steps() == 0  # a waiting request the next step would admit
+    sched.update(sched.schedule())
+    sched.add_request(RequestSpec(2, 0.0, 10, 5))
+    assert sched.steady_decode_steps() == 3  # batch full (max_num_seqs): the arrival cannot enter

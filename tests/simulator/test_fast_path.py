@@ -1,0 +1,71 @@
+"""The simulator's decode-run fast path gives the same per-request results as one event per step."""
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import simulator.core.decode_run as decode_run
+from simulator.fleet import run
+from simulator.scenario import load_mapping
+
+BASE: dict[str, Any] = {
+    "schema_version": 1,
+    "name": "fast-path",
+    "seed": 7,
+    "workload": {
+        "num_requests": 300,
+        "arrival": {"process": "poisson", "rate_rps": 30},
+        "prompt_tokens": {"dist": "lognormal", "median": 400, "sigma": 0.8, "max": 3000},
+        "output_tokens": {"dist": "lognormal", "median": 120, "sigma": 0.8, "max": 800},
+    },
+    "fleet": {"replicas": 3, "profile": "h200-llama-3-8b-tp1-analytic"},
+    "engine": {"preset": "vllm"},
+    "router": {"policy": "least_requests"},
+}
+
+CASES = {
+    "chunked": [],
+    "overload-preemption": ["engine.kv.num_blocks=600", "engine.max_num_seqs=24", "workload.arrival.rate_rps=120",
+                            "router.policy=least_kv"],
+    "static-contiguous": ["engine.batching=static", "engine.kv.policy=contiguous", "engine.max_model_len=4096",
+                          "engine.max_num_seqs=8"],
+    "tgi-swap": ["engine.preset=tgi", "engine.kv.policy=paged", "engine.kv.preemption=swap",
+                 "engine.kv.num_blocks=500", "workload.arrival.rate_rps=80"],
+    "sessions-prefix": [
+        "workload.sessions={turns: {dist: uniform, low: 2, high: 5}, think_time_s: 2, response_time_estimate_s: 1}",
+        "workload.system_prompts={num_prompts: 3, tokens: 300}",
+        "workload.prompt_tokens={dist: lognormal, median: 120, sigma: 0.5, max: 800}",
+        "router.policy=prefix_aware",
+        "router.refresh_s=0.05",
+    ],
+    "horizon": ["simulation.horizon_s=6", "workload.arrival.rate_rps=200", "engine.max_num_seqs=16"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fast_path_matches_step_by_step(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = []
+    finish = decode_run.DecodeRun.finish
+
+    def counting_finish(self: decode_run.DecodeRun) -> None:
+        runs.append(self.num_steps)
+        finish(self)
+
+    monkeypatch.setattr(decode_run.DecodeRun, "finish", counting_finish)
+    results = {}
+    for fast in (False, True):
+        loaded = load_mapping(BASE, [*CASES[case], f"simulation.fast_path={str(fast).lower()}"])
+        results[fast] = run(loaded).variants["base"]
+    assert runs, "the fast path was never taken: the test would prove nothing"
+    slow, fast_result = results[False].requests.columns(), results[True].requests.columns()
+    for column, values in slow.items():
+        other = fast_result[column]
+        if values.dtype.kind == "f":
+            np.testing.assert_allclose(other, values, rtol=1e-9, atol=1e-9, err_msg=column)
+        else:
+            np.testing.assert_array_equal(other, values, err_msg=column)
+    for slow_series, fast_series in zip(results[False].series, results[True].series, strict=True):
+        for column, values in slow_series.columns().items():
+            np.testing.assert_allclose(fast_series.columns()[column], values, rtol=1e-9, err_msg=column)
+    assert results[True].summary.to_dict()["preemptions"] == results[False].summary.to_dict()["preemptions"]
