@@ -27,6 +27,8 @@ SUMMARY_COLUMNS = (
     ("throughput_tok_s", "tok/s", "{:.0f}"),
     ("slo_attainment", "SLO att.", "{:.3f}"),
     ("kv_util_mean", "KV use", "{:.3f}"),
+    ("kv_waste_mean", "KV waste", "{:.3f}"),
+    ("running_peak", "peak run", "{:.0f}"),
     ("prefix_hit_rate", "prefix hit", "{:.3f}"),
     ("preemptions", "preempt", "{:.0f}"),
     ("cost_per_mtok_usd", "$/Mtok", "{:.3f}"),

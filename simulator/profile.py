@@ -380,7 +380,7 @@ def config_error_from_validation(
         allowed = _allowed_keys(model, loc[:-1])
         key = str(loc[-1])
         return ConfigError(f"unknown key {key!r}{_suggest(key, allowed)}", file=file, field=field)
-    message = first["msg"]
+    message = str(first["msg"]).removeprefix("Value error, ")
     if first["type"] not in ("missing",) and "input" in first:
         message = f"{message} (got {first['input']!r})"
     return ConfigError(message, file=file, field=field)

@@ -55,7 +55,7 @@ class KVConfig(_Section):
     @classmethod
     def _power_of_two(cls, value: int | None) -> int | None:
         if value is not None and value & (value - 1):
-            raise ValueError(f"block_size must be a power of two, got {value}")
+            raise ValueError("block_size must be a power of two, such as 16 (vLLM) or 64 (TensorRT-LLM)")
         return value
 
 

@@ -1,0 +1,255 @@
+"""The ``fleetsim`` command line: bad input is one line on stderr and exit status 2, never a traceback;
+results are never written over an existing folder; --set, --seed, profiles and policies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from simulator.cli import EXIT_USAGE, main
+from simulator.core.presets import PRESETS
+from simulator.profile import list_profiles
+from simulator.router import ROUTERS
+
+TINY: dict[str, Any] = {
+    "schema_version": 1,
+    "name": "tiny",
+    "description": "Does the CLI work?",
+    "seed": 1,
+    "workload": {
+        "num_requests": 40,
+        "arrival": {"process": "poisson", "rate_rps": 20},
+        "prompt_tokens": {"dist": "lognormal", "median": 200, "sigma": 0.5, "max": 2000},
+        "output_tokens": {"dist": "uniform", "low": 5, "high": 60},
+    },
+    "fleet": {"replicas": 2, "profile": "h200-llama-3-8b-tp1-analytic"},
+    "engine": {"preset": "vllm"},
+    "router": {"policy": "least_requests"},
+}
+
+
+def write(folder: Path, data: dict[str, Any] | str, name: str = "scenario.yaml") -> Path:
+    path = folder / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def fleetsim(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main([*argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_ok(capsys: pytest.CaptureFixture[str], scenario: Path, out: Path, *extra: str) -> dict[str, Any]:
+    code, stdout, stderr = fleetsim(capsys, "run", str(scenario), "--out", str(out), "--quiet", *extra)
+    assert code == 0, stderr
+    assert "report:" in stdout
+    data: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    return data
+
+
+def assert_one_line_error(code: int, stdout: str, stderr: str, *needles: str) -> None:
+    assert code == EXIT_USAGE
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("fleetsim: error: ")
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+
+
+# ----- bad input --------------------------------------------------------------------------------------------
+
+
+def with_(**sections: Any) -> dict[str, Any]:
+    data = json.loads(json.dumps(TINY))
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value}
+    return data
+
+
+BAD: dict[str, tuple[dict[str, Any] | str, tuple[str, ...]]] = {
+    "malformed yaml": ("schema_version: 1\nname: x\nworkload: {num_requests: 3\n", ("line 4", "not valid YAML")),
+    "unknown key": (with_(engine={"batchng": "static"}), ("engine.batchng", "did you mean 'batching'")),
+    "wrong type": (with_(fleet={"replicas": "four"}), ("fleet.replicas", "'four'")),
+    "model does not fit": (
+        with_(fleet={"hardware": "H100", "model": "llama-3-70b", "tp": 1, "profile": None}),
+        ("fleet.tp", "does not fit"),
+    ),
+    "block size": (with_(engine={"kv": {"block_size": 24}}), ("engine.kv.block_size", "power of two")),
+    "missing section": ({"schema_version": 1, "name": "x"}, ("workload",)),
+    "wrong schema version": ({**TINY, "schema_version": 2}, ("schema_version",)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_scenario_is_one_line_and_status_2(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data, needles = BAD[case]
+    scenario = write(tmp_path, data)
+    out = tmp_path / "out"
+    code, stdout, stderr = fleetsim(capsys, "run", str(scenario), "--out", str(out), "--quiet")
+    assert_one_line_error(code, stdout, stderr, str(scenario), *needles)
+    assert not out.exists(), "a failed run must not leave an output folder behind"
+
+
+def test_bad_trace_row_names_file_line_and_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:50.9951690,396,1O9\n"
+    )
+    scenario = write(tmp_path, {"schema_version": 1, "name": "t", "workload": {"trace": {"format": "azure",
+                                                                                          "path": "trace.csv"}},
+                                "fleet": {"profile": "h200-llama-3-8b-tp1-analytic"}})
+    out = tmp_path / "out"
+    code, stdout, stderr = fleetsim(capsys, "run", str(scenario), "--out", str(out), "--quiet")
+    assert_one_line_error(code, stdout, stderr, "trace.csv", "GeneratedTokens", "line 3", "'1O9'")
+    assert not out.exists()
+
+
+def test_missing_trace_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = write(tmp_path, {"schema_version": 1, "name": "t",
+                                "workload": {"trace": {"format": "mooncake", "path": "nowhere.jsonl"}}})
+    code, stdout, stderr = fleetsim(capsys, "run", str(scenario), "--out", str(tmp_path / "out"), "--quiet")
+    assert_one_line_error(code, stdout, stderr, "nowhere.jsonl", "not found")
+
+
+def test_missing_scenario_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, stderr = fleetsim(capsys, "run", str(tmp_path / "absent.yaml"), "--quiet")
+    assert_one_line_error(code, stdout, stderr, "absent.yaml")
+
+
+@pytest.mark.parametrize(("item", "needles"), [
+    ("engine.kv.num_block=10", ("engine.kv.num_block", "did you mean 'num_blocks'")),
+    ("fleet.replicas=-1", ("fleet.replicas",)),
+    ("nonsense", ("--set expects",)),
+])
+def test_bad_override(item: str, needles: tuple[str, ...], tmp_path: Path,
+                      capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = write(tmp_path, TINY)
+    code, stdout, stderr = fleetsim(capsys, "run", str(scenario), "--set", item, "--out", str(tmp_path / "o"))
+    assert_one_line_error(code, stdout, stderr, *needles)
+
+
+def test_existing_output_folder_is_never_overwritten(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = write(tmp_path, TINY)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text("mine\n")
+    (out / "notes.txt").write_text("keep me\n")
+    code, stdout, stderr = fleetsim(capsys, "run", str(scenario), "--out", str(out), "--quiet")
+    assert_one_line_error(code, stdout, stderr, str(out), "not empty")
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "summary.json"]
+    assert (out / "summary.json").read_text() == "mine\n"
+    assert (out / "notes.txt").read_text() == "keep me\n"
+    # --overwrite replaces our own files and leaves the user's alone.
+    run_ok(capsys, scenario, out, "--overwrite")
+    assert (out / "notes.txt").read_text() == "keep me\n"
+    assert json.loads((out / "summary.json").read_text())["scenario_name"] == "tiny"
+
+
+def test_an_existing_empty_folder_is_used(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "empty"
+    out.mkdir()
+    run_ok(capsys, write(tmp_path, TINY), out)
+    assert {"summary.json", "report.html"} <= {p.name for p in out.iterdir()}
+
+
+# ----- a good run ---------------------------------------------------------------------------------------
+
+
+def test_run_prints_table_and_writes_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = write(tmp_path, {**TINY, "variants": {"a": {}, "b": {"engine.batching": "static"}}})
+    out = tmp_path / "out"
+    code, stdout, stderr = fleetsim(capsys, "run", str(scenario), "--out", str(out), "--quiet")
+    assert code == 0, stderr
+    lines = stdout.splitlines()
+    assert lines[0].split()[0] == "variant"
+    assert [line.split()[0] for line in lines[1:3]] == ["a", "b"]
+    assert "analytic" in stdout, "an analytic profile says so"
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["variants"]) == {"a", "b"}
+    for variant in summary["variants"].values():
+        assert variant["requests_completed"] == 40
+    assert (out / "report.html").stat().st_size > 0
+
+
+def test_same_seed_gives_byte_identical_summary_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = write(tmp_path, TINY)
+    run_ok(capsys, scenario, tmp_path / "one")
+    run_ok(capsys, scenario, tmp_path / "two")
+    assert (tmp_path / "one" / "summary.json").read_bytes() == (tmp_path / "two" / "summary.json").read_bytes()
+
+
+def test_seed_flag_overrides_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = write(tmp_path, TINY)
+    base = run_ok(capsys, scenario, tmp_path / "base")
+    seeded = run_ok(capsys, scenario, tmp_path / "seeded", "--seed", "9")
+    same = run_ok(capsys, write(tmp_path, {**TINY, "seed": 9}, "nine.yaml"), tmp_path / "same")
+    assert base["scenario"]["base"]["seed"] == 1
+    assert seeded["scenario"]["base"]["seed"] == 9
+    assert seeded["variants"] != base["variants"]
+    assert seeded["variants"] == same["variants"]
+
+
+def test_set_overrides_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = write(tmp_path, TINY)
+    data = run_ok(capsys, scenario, tmp_path / "out", "--set", "workload.num_requests=12",
+                  "--set", "fleet.replicas=3", "--set", "engine.batching=static")
+    record = data["scenario"]["base"]
+    assert record["workload"]["num_requests"] == 12
+    assert record["fleet"]["replicas"] == 3
+    assert record["engine"]["batching"] == "static"
+    assert data["variants"]["base"]["requests_arrived"] == 12
+    assert data["variants"]["base"]["num_gpus"] == 3
+
+
+def test_default_output_folder_never_reuses_an_existing_one(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    scenario = write(tmp_path, TINY)
+    for _ in range(2):
+        code, _, stderr = fleetsim(capsys, "run", str(scenario), "--quiet", "--set", "workload.num_requests=5")
+        assert code == 0, stderr
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["tiny", "tiny-2"]
+
+
+# ----- listings -----------------------------------------------------------------------------------------
+
+
+def test_profiles_lists_every_shipped_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, stderr = fleetsim(capsys, "profiles")
+    assert code == 0, stderr
+    lines = stdout.strip().splitlines()
+    assert [line.split()[0] for line in lines] == list_profiles()
+    for line in lines:
+        assert line.split()[1] in ("measured", "analytic")
+        assert "MAPE" in line or "analytic" in line
+
+
+def test_policies_lists_every_family(capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, stderr = fleetsim(capsys, "policies")
+    assert code == 0, stderr
+    families = {}
+    for line in stdout.strip().splitlines():
+        family, _, names = line.partition("  ")
+        families[family.strip()] = {n.strip() for n in names.strip().split(",")}
+    assert families["batching"] == {"static", "continuous", "chunked"}
+    assert families["kv policy"] == {"paged", "contiguous", "reserve"}
+    assert families["preemption"] == {"recompute", "swap"}
+    assert families["router"] == set(ROUTERS)
+    assert families["preset"] == set(PRESETS)
+    assert {"poisson", "gamma", "constant", "curve"} <= families["arrival"]
+    assert {"azure", "mooncake", "vidur"} <= families["trace format"]
+
+
+def test_unknown_subcommand_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["frobnicate"])
+    assert info.value.code == EXIT_USAGE
+    assert "Traceback" not in capsys.readouterr().err

@@ -1,0 +1,165 @@
+"""Every shipped scenario runs, matches its golden summary at small scale, and shows what it claims.
+
+Golden files (``tests/simulator/golden/<scenario>.json``) hold the per-variant summaries of each shipped
+scenario cut down to a few hundred requests, as SimPy checks its examples against expected output. A
+change that moves any figure fails here with the list of figures that moved. When the change is meant
+(a new cost model, a scheduling fix, a new Summary figure), regenerate and review the diff:
+
+    FLEETSIM_REGEN_GOLDEN=1 .venv/bin/pytest tests/simulator/test_shipped_scenarios.py
+    git diff tests/simulator/golden/
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from simulator.fleet import run
+from simulator.metrics import RunResult, Summary
+from simulator.scenario import load_scenario
+from simulator.traces import TRACES_TOKEN, traces_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = ROOT / "scenarios"
+GOLDEN = Path(__file__).resolve().parent / "golden"
+REGEN = os.environ.get("FLEETSIM_REGEN_GOLDEN") == "1"
+
+SMALL: dict[str, list[str]] = {
+    "quickstart": ["workload.num_requests=200"],
+    "batching": ["workload.num_requests=150"],
+    "paging": ["workload.num_requests=150"],
+    "routing": ["workload.num_requests=120"],
+    "azure_conv": ["workload.num_requests=200"],
+    "mooncake": ["workload.num_requests=60"],
+    "presets": ["workload.num_requests=100"],
+}
+"""Each shipped scenario cut to a size that runs in about a second: the golden runs."""
+
+
+def scenario_path(name: str) -> Path:
+    path = SCENARIOS / f"{name}.yaml"
+    if TRACES_TOKEN in path.read_text() and not traces_dir().is_dir():
+        pytest.skip(f"shared traces not found at {traces_dir()} (set FLEETSIM_TRACES)")
+    return path
+
+
+def run_scenario(name: str, overrides: list[str]) -> RunResult:
+    return run(load_scenario(scenario_path(name), overrides))
+
+
+def summaries(result: RunResult) -> dict[str, Summary]:
+    return {name: v.summary for name, v in result.variants.items()}
+
+
+def test_every_shipped_scenario_has_a_golden_run() -> None:
+    assert sorted(SMALL) == sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
+
+
+# ----- golden summaries ---------------------------------------------------------------------------------
+
+
+def golden_diff(expected: dict[str, Any], produced: dict[str, Any]) -> list[str]:
+    lines = []
+    for variant in sorted(set(expected) | set(produced)):
+        want, got = expected.get(variant), produced.get(variant)
+        if want is None or got is None:
+            lines.append(f"variant {variant}: expected {'absent' if want is None else 'present'}")
+            continue
+        for key in sorted(set(want) | set(got)):
+            if want.get(key, "<absent>") != got.get(key, "<absent>"):
+                lines.append(f"{variant}.{key}: expected {want.get(key, '<absent>')}, got {got.get(key, '<absent>')}")
+    return lines
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_golden_summary(name: str) -> None:
+    overrides = SMALL[name]
+    result = run_scenario(name, overrides)
+    # The variants section of summary.json, exactly as written (6 significant digits, NaN as null).
+    produced = json.loads(result.summary_json())["variants"]
+    for summary in summaries(result).values():
+        assert summary.requests_completed + summary.requests_in_flight + summary.requests_rejected \
+            == summary.requests_arrived
+    path = GOLDEN / f"{name}.json"
+    if REGEN:
+        document = {
+            "scenario": f"scenarios/{name}.yaml",
+            "overrides": overrides,
+            "regenerate": "FLEETSIM_REGEN_GOLDEN=1 .venv/bin/pytest tests/simulator/test_shipped_scenarios.py",
+            "variants": produced,
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(document, sort_keys=True, indent=2) + "\n", encoding="utf-8")
+    assert path.is_file(), f"no golden file {path}; create it with FLEETSIM_REGEN_GOLDEN=1"
+    golden = json.loads(path.read_text(encoding="utf-8"))
+    assert golden["overrides"] == overrides, "the golden file was made with other overrides: regenerate it"
+    diff = golden_diff(golden["variants"], produced)
+    assert not diff, (
+        f"{name}: summary differs from {path.relative_to(ROOT)} "
+        "(if intended, regenerate with FLEETSIM_REGEN_GOLDEN=1 and review the diff):\n  " + "\n  ".join(diff)
+    )
+
+
+# ----- the claims the scenarios make, at reduced size -------------------------------------------------------
+
+BATCHING_REQUESTS = 400
+ROUTING_REQUESTS = 600
+"""Cache hits build up over a session's turns: fewer requests leave the routers' hit rates too close."""
+
+
+@pytest.fixture(scope="module")
+def batching() -> dict[str, Summary]:
+    return summaries(run_scenario("batching", [f"workload.num_requests={BATCHING_REQUESTS}"]))
+
+
+@pytest.fixture(scope="module")
+def paging() -> dict[str, Summary]:
+    return summaries(run_scenario("paging", ["workload.num_requests=400"]))
+
+
+@pytest.fixture(scope="module")
+def routing() -> dict[str, Summary]:
+    return summaries(run_scenario("routing", [f"workload.num_requests={ROUTING_REQUESTS}"]))
+
+
+def test_continuous_batching_sustains_more_throughput_than_static(batching: dict[str, Summary]) -> None:
+    static = batching["static"]
+    for name in ("continuous", "chunked"):
+        iteration_level = batching[name]
+        assert iteration_level.requests_completed == static.requests_completed == BATCHING_REQUESTS
+        assert iteration_level.throughput_tok_s > 1.4 * static.throughput_tok_s, name
+        assert iteration_level.throughput_rps > 1.4 * static.throughput_rps, name
+        # Static's queue grows without bound at this load: its requests wait for whole batches to end.
+        assert static.ttft_p50_ms > 10 * iteration_level.ttft_p50_ms, name
+        assert iteration_level.slo_attainment > 0.9 > static.slo_attainment
+
+
+def test_paging_fits_more_concurrent_requests_than_contiguous(paging: dict[str, Summary]) -> None:
+    contiguous, paged = paging["contiguous"], paging["paged"]
+    # 4096 blocks x 16 tokens hold exactly 8 contiguous 8192-token slots.
+    assert contiguous.running_peak == 8
+    assert paged.running_peak >= 3 * contiguous.running_peak
+    assert paged.running_mean > 2 * contiguous.running_mean
+    # Contiguous slots are mostly empty; paged allocation wastes only the tail of each last block.
+    assert contiguous.kv_waste_mean > 0.7
+    assert paged.kv_waste_mean < 0.05
+    assert paged.throughput_tok_s > 1.5 * contiguous.throughput_tok_s
+    # Reserving prompt + output sits between the two.
+    reserve = paging["reserve"]
+    assert paged.kv_waste_mean < reserve.kv_waste_mean < contiguous.kv_waste_mean
+    assert reserve.running_peak > contiguous.running_peak
+
+
+def test_cache_aware_routing_raises_hits_and_cuts_ttft(routing: dict[str, Summary]) -> None:
+    round_robin = routing["round_robin"]
+    for name in ("session_affinity", "prefix_aware"):
+        aware = routing[name]
+        assert aware.requests_completed == round_robin.requests_completed == ROUTING_REQUESTS
+        assert aware.prefix_hit_rate > round_robin.prefix_hit_rate + 0.1, name
+        assert aware.ttft_p50_ms < 0.85 * round_robin.ttft_p50_ms, name
+    # Load balancing alone does not find the caches.
+    assert routing["least_requests"].prefix_hit_rate < routing["session_affinity"].prefix_hit_rate - 0.1
