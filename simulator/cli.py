@@ -144,7 +144,9 @@ def cmd_policies(args: argparse.Namespace) -> int:
     return 0
 
 
-PLUGINS: dict[str, str] = {}
+PLUGINS: dict[str, str] = {
+    "dashboard": "simulator.cli_dashboard",
+}
 """Subcommands that live in other modules (module path -> it defines ``register(subparsers)``)."""
 
 

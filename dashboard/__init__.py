@@ -1,0 +1,4 @@
+"""The Streamlit what-if dashboard: ``app.py`` routes, ``app_pages/`` render, ``data.py`` computes.
+
+Nothing in ``simulator`` imports this package; ``fleetsim dashboard`` starts it by path.
+"""

@@ -1,0 +1,134 @@
+"""Compare: two to four variants of one scenario, side by side on the identical request stream."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import streamlit as st
+
+from dashboard import data, widgets
+from simulator.errors import ConfigError
+
+P = "cmp_"  # widget key prefix of this page
+
+
+def _key(i: int, name: str) -> str:
+    return f"v{i}_{name}"
+
+
+def _as_base(value: str) -> str:
+    return "as the base" if value == data.DEFAULT else value
+
+
+st.title("Compare")
+st.caption("Every variant replays the same requests (same seed, arrivals and lengths); only what it overrides "
+           "differs. Deltas are against the first variant.")
+
+with st.sidebar:
+    base = widgets.pick_base(P)
+if base is None:
+    st.stop()
+
+own = data.default_variants(base.raw)
+padding = [data.VariantControls(name=f"variant {i + 1}") for i in range(len(own), data.MAX_VARIANTS)]
+variant_defaults = own + padding
+names = ["num_variants", "num_requests",
+         *(_key(i, f) for i in range(data.MAX_VARIANTS) for f in data.VARIANT_FIELDS)]
+defaults: dict[str, Any] = {
+    "num_variants": max(2, len(own)),
+    "num_requests": data.controls_from_raw(base.raw).num_requests,
+}
+for i, variant in enumerate(variant_defaults):
+    for f in data.VARIANT_FIELDS:
+        defaults[_key(i, f)] = getattr(variant, f)
+widgets.sync_values(P, base, defaults, names)
+
+with st.sidebar:
+    st.number_input("Variants", min_value=2, max_value=data.MAX_VARIANTS, step=1, key=f"{P}num_variants")
+    st.number_input("Requests", min_value=1, step=100, key=f"{P}num_requests",
+                    help=f"Capped at {data.DEFAULT_MAX_REQUESTS} by default so a run takes seconds")
+
+count = int(st.session_state[f"{P}num_variants"])
+hw_options = data.hardware_names()
+last = st.session_state.get(f"{P}last")
+columns = st.expander("Variants", expanded=last is None).columns(count)
+for i, column in enumerate(columns):
+    with column:
+        st.text_input("Name", key=f"{P}{_key(i, 'name')}")
+        st.selectbox("Preset", data.PRESET_CHOICES, key=f"{P}{_key(i, 'preset')}",
+                     format_func=_as_base)
+        st.selectbox("Batching", data.BATCHING_CHOICES, key=f"{P}{_key(i, 'batching')}",
+                     format_func=_as_base)
+        st.selectbox("KV policy", data.KV_POLICY_CHOICES, key=f"{P}{_key(i, 'kv_policy')}",
+                     format_func=_as_base)
+        st.selectbox("Prefix caching", data.PREFIX_CHOICES, key=f"{P}{_key(i, 'prefix_caching')}",
+                     format_func=_as_base)
+        st.number_input("Token budget per step", min_value=1, step=512, value=None,
+                        key=f"{P}{_key(i, 'max_num_batched_tokens')}", placeholder="as the base")
+        st.number_input("Replicas", min_value=1, step=1, value=None, key=f"{P}{_key(i, 'replicas')}",
+                        placeholder="as the base")
+        st.selectbox("Hardware", [data.DEFAULT, *hw_options], key=f"{P}{_key(i, 'hardware')}",
+                     format_func=_as_base)
+        st.selectbox("Router", [data.DEFAULT, *data.ROUTER_CHOICES], key=f"{P}{_key(i, 'router')}",
+                     format_func=_as_base)
+        if i < len(own) and own[i].other:
+            st.caption("Also overrides: " + ", ".join(f"`{k}={v}`" for k, v in own[i].other))
+
+values = widgets.read_values(P, names)
+variants = [
+    data.VariantControls(other=variant_defaults[i].other,
+                         **{f: values[_key(i, f)] for f in data.VARIANT_FIELDS})
+    for i in range(count)
+]
+
+raw: dict[str, Any] | None = None
+try:
+    raw = data.compare_raw(base.raw, variants, int(values["num_requests"]))
+    data.validate(raw, base.source)
+except ConfigError as err:
+    widgets.show_error(err)
+    raw_ok = False
+else:
+    raw_ok = True
+
+left, right = st.columns([1, 1])
+run_clicked = left.button("Run comparison", type="primary", key=f"{P}run", disabled=not raw_ok)
+right.download_button("Export settings as YAML", data.to_yaml(raw) if raw is not None else "",
+                      file_name=f"{base.raw.get('name', 'scenario')}-compare.yaml", mime="application/x-yaml",
+                      key=f"{P}export", disabled=not raw_ok)
+
+if run_clicked and raw is not None:
+    result = widgets.run_with_progress(raw, base.source)
+    if result is not None:
+        st.session_state[f"{P}last"] = (data.raw_key(raw), raw, result)
+
+last = st.session_state.get(f"{P}last")
+if last is None:
+    st.info("Set up the variants, then press **Run comparison**.")
+    st.stop()
+
+key, run_raw, result = last
+if raw is not None and key != data.raw_key(raw):
+    st.info("The settings changed since this run: press **Run comparison** to update it.")
+widgets.analytic_note(result)
+
+summaries = {name: v.summary for name, v in result.variants.items()}
+baseline = next(iter(summaries.values()))
+for column, (name, summary) in zip(st.columns(len(summaries)), summaries.items(), strict=True):
+    with column:
+        st.subheader(name)
+        verdict = data.slo_verdict(summary, run_raw)
+        if verdict.met is not None:
+            (st.success if verdict.met else st.error)("SLO met" if verdict.met else "SLO missed")
+        for attr, label in (("ttft_p99_ms", "TTFT p99 (ms)"), ("tpot_p99_ms", "TPOT p99 (ms)"),
+                            ("throughput_tok_s", "output tok/s"), ("cost_per_mtok_usd", "$ / M output tokens")):
+            value, delta = data.metric_delta(attr, baseline, summary)
+            st.metric(label, value, delta, delta_color="inverse" if data.lower_is_better(attr) else "normal")
+
+st.subheader("Deltas")
+table = data.delta_table(result)
+st.dataframe(table.style.format(lambda v: "—" if isinstance(v, float) and math.isnan(v) else f"{v:,.4g}"))
+widgets.plots(result, key=f"{P}plot")
+with st.expander("Summary table"):
+    st.dataframe(data.summary_table(result))

@@ -1,0 +1,125 @@
+"""Rendering pieces shared by the pages: the "Start from" picker, control state, errors, run output.
+
+Only renders and keeps widget state; every value shown is computed in ``data.py``.
+
+Widget state: Streamlit forgets a widget's value when a run does not draw it (another page, a hidden
+control). Each page keeps its control values in a plain session entry (``<prefix>values``) and puts a value
+back into a widget's key before drawing it, so leaving a page or hiding a control loses nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import streamlit as st
+
+from dashboard import data
+from simulator.errors import ConfigError
+from simulator.metrics import RunResult
+from simulator.report import build_figures
+
+
+def show_error(err: ConfigError) -> None:
+    """A user mistake, as the CLI prints it (without the ``fleetsim: error:`` prefix)."""
+    st.error(str(err), icon=":material/error:")
+
+
+def pick_base(prefix: str, *, container: Any = st) -> data.Base | None:
+    """The "Start from" selectbox (shipped scenarios, from scratch, upload); None until there is one."""
+    options = [*data.list_scenarios(), data.FROM_SCRATCH, data.UPLOAD]
+    key = f"{prefix}source"
+    if st.session_state.get(key) not in options:
+        default = data.DEFAULT_SCENARIO if data.DEFAULT_SCENARIO in options else options[0]
+        st.session_state[key] = st.session_state.get(f"{prefix}source_kept", default)
+    choice = container.selectbox("Start from", options, key=key,
+                                 help="A shipped scenario (scenarios/*.yaml), the built-in default, or your own file")
+    st.session_state[f"{prefix}source_kept"] = choice
+    if choice != data.UPLOAD:
+        try:
+            return data.base_for(choice)
+        except ConfigError as err:
+            show_error(err)
+            return None
+    upload = container.file_uploader("Scenario YAML", type=["yaml", "yml"], key=f"{prefix}upload",
+                                     help="Read by the same strict loader as `fleetsim run`")
+    if upload is None:
+        kept = st.session_state.get(f"{prefix}uploaded_base")
+        if kept is None:
+            container.info("Upload a scenario YAML file to start from it.")
+        return kept  # type: ignore[no-any-return]
+    try:
+        base = data.uploaded_base(upload.name, upload.getvalue())
+    except ConfigError as err:
+        show_error(err)
+        return None
+    st.session_state[f"{prefix}uploaded_base"] = base
+    return base
+
+
+def sync_values(prefix: str, base: data.Base, defaults: Mapping[str, Any], names: Iterable[str]) -> None:
+    """Put each control's value into its widget key before the widgets are drawn.
+
+    A new starting point resets every control to ``defaults``; otherwise a widget key Streamlit dropped
+    gets back the value it last had."""
+    store_key = f"{prefix}values"
+    if st.session_state.get(f"{prefix}base_key") != base.key:
+        st.session_state[f"{prefix}base_key"] = base.key
+        st.session_state[store_key] = dict(defaults)
+        for name in names:
+            st.session_state[f"{prefix}{name}"] = defaults[name]
+        return
+    store: dict[str, Any] = st.session_state.setdefault(store_key, dict(defaults))
+    for name in names:
+        if f"{prefix}{name}" not in st.session_state:
+            st.session_state[f"{prefix}{name}"] = store.get(name, defaults.get(name))
+
+
+def read_values(prefix: str, names: Iterable[str]) -> dict[str, Any]:
+    """The controls' current values (widgets drawn this run, else the stored ones); stored for next time."""
+    store: dict[str, Any] = st.session_state.setdefault(f"{prefix}values", {})
+    for name in names:
+        key = f"{prefix}{name}"
+        if key in st.session_state:
+            store[name] = st.session_state[key]
+    return dict(store)
+
+
+def run_with_progress(raw: dict[str, Any], source: Any) -> RunResult | None:
+    """Run a scenario behind a progress bar; a ConfigError is shown, not raised."""
+    bar = st.progress(0.0, text="starting…")
+    shown = [0.0]
+
+    def progress(fraction: float, text: str) -> None:
+        if fraction - shown[0] >= 0.05 or fraction >= 1.0:  # each update is a message to the browser
+            shown[0] = fraction
+            bar.progress(fraction, text=text)
+
+    try:
+        result = data.cached_simulate(data.raw_key(raw), str(source) if source else None, progress)
+    except ConfigError as err:
+        bar.empty()
+        show_error(err)
+        return None
+    bar.empty()
+    return result
+
+
+def analytic_note(result: RunResult) -> None:
+    if result.analytic:
+        names = sorted({v.profile.name for v in result.variants.values() if v.profile.kind == "analytic"})
+        st.warning(f"Cost model analytic, not measured: step times for {', '.join(names)} come from datasheet "
+                   "figures, not from timings on a real engine. Read latencies and costs as estimates.",
+                   icon=":material/warning:")
+
+
+def plots(result: RunResult, key: str) -> None:
+    """The report's plots: latency CDFs, throughput and queue over time, KV use per replica."""
+    figures = build_figures(result)
+    order = ["ttft-cdf", "tpot-cdf", "e2e-cdf", "throughput", "queue",
+             *(k for k in figures if k.startswith("kv-util-")), "prefix-hit"]
+    for i in range(0, len(order), 2):
+        columns = st.columns(2)
+        for column, name in zip(columns, order[i : i + 2], strict=False):
+            with column:
+                st.plotly_chart(figures[name], key=f"{key}-{name}", config={"displaylogo": False})

@@ -1,0 +1,52 @@
+"""``fleetsim dashboard``: start the Streamlit dashboard (``dashboard/app.py``) in a subprocess.
+
+The simulator never imports the dashboard package: the app is found by path beside the ``simulator``
+package, and Streamlit is only needed when this command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+from simulator.errors import ConfigError
+
+
+def app_path() -> Path:
+    """Where the dashboard's router lives: ``<repo>/dashboard/app.py``."""
+    import simulator
+
+    return Path(simulator.__file__).resolve().parent.parent / "dashboard" / "app.py"
+
+
+def command(port: int | None = None, *, headless: bool = False) -> list[str]:
+    """The ``streamlit run`` command line (the current interpreter's Streamlit)."""
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app_path())]
+    if port is not None:
+        cmd += ["--server.port", str(port)]
+    if headless:
+        cmd += ["--server.headless", "true"]
+    cmd += ["--browser.gatherUsageStats", "false"]
+    return cmd
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    if not app_path().is_file():
+        raise ConfigError(f"dashboard not found at {app_path()} (it ships with the source checkout)")
+    if importlib.util.find_spec("streamlit") is None:
+        raise ConfigError("the dashboard needs Streamlit: pip install 'fleetsim[dashboard]'")
+    try:
+        return subprocess.call(command(args.port, headless=args.headless))
+    except KeyboardInterrupt:  # Ctrl-C stops Streamlit too; that is how the user quits
+        return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``fleetsim dashboard [--port N] [--headless]``."""
+    p = subparsers.add_parser("dashboard", help="open the what-if dashboard in the browser (Streamlit)")
+    p.add_argument("--port", type=int, default=None, help="port to serve on (default: Streamlit's, 8501)")
+    p.add_argument("--headless", action="store_true", help="do not open a browser window")
+    p.set_defaults(func=cmd_dashboard)
