@@ -146,6 +146,7 @@ def cmd_policies(args: argparse.Namespace) -> int:
 
 PLUGINS: dict[str, str] = {
     "dashboard": "simulator.cli_dashboard",
+    "plan": "simulator.cli_plan",
 }
 """Subcommands that live in other modules (module path -> it defines ``register(subparsers)``)."""
 

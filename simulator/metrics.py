@@ -338,6 +338,11 @@ class ReplicaSeries:
         self.kv_allocated_slots_sum = 0
         self.kv_unused_slots_sum = 0
 
+    @property
+    def next_sample_s(self) -> float:
+        """The next grid point: a call before it only replaces the state the grid will be filled with."""
+        return self._next_s
+
     def maybe_sample(
         self,
         t: float,

@@ -7,6 +7,7 @@ step, never per token; an idle replica sleeps until work arrives.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 import numpy as np
@@ -195,28 +196,41 @@ class _ActiveRun:
         self.num_sampled = 0
 
     def advance(self, now: float) -> None:
-        """Apply every step of the run that has started by ``now``, sampling each earlier one at its end."""
+        """Apply every step of the run that has started by ``now``; sample the ones that have ended."""
         run = self.run
-        ends = self.ends
-        while run.num_done < run.num_steps:
-            started_s = ends[run.num_done - 1] if run.num_done else self.start_s
-            if started_s > now:
-                break
-            self._sample_through(run.num_done)
-            run.advance_to(run.num_done + 1)
+        if run.num_done >= run.num_steps:
+            return
+        started = 1 + bisect.bisect_right(self.ends, now)  # step 1 starts at the run's start
+        target = min(run.num_steps, started)
+        self._sample_until(target - 1)
+        run.advance_to(target)
 
     def close(self) -> None:
         """Apply and sample every step of the (possibly truncated) run."""
-        self.advance(self.ends[self.run.num_steps - 1])
-        self._sample_through(self.run.num_steps)
+        last = self.run.num_steps
+        self.advance(self.ends[last - 1])
+        self._sample_until(last - 1)
+        self.run.advance_to(last)
+        if self.num_sampled < last:
+            self._sample(last)
 
-    def _sample_through(self, step: int) -> None:
+    def _sample_until(self, last: int) -> None:
+        """Sample steps up to ``last`` — only those whose state a grid point will record: a step is
+        needed when the next step ends at or after the next grid point (earlier samples would only be
+        overwritten before any grid point sees them)."""
+        series = self.replica.series
+        ends = self.ends
+        while True:
+            j = max(bisect.bisect_left(ends, series.next_sample_s), self.num_sampled + 1)
+            if j > last:
+                return
+            self.run.advance_to(j)
+            self._sample(j)
+
+    def _sample(self, j: int) -> None:
         scheduler = self.replica.scheduler
         kv = scheduler.kv
         pool = kv.pool
-        running = len(scheduler.running)
-        while self.num_sampled < step:
-            self.num_sampled += 1
-            self.replica.series.maybe_sample(self.ends[self.num_sampled - 1], running, scheduler.num_waiting,
-                                             pool.num_used, pool.num_blocks, kv.num_hit_tokens,
-                                             kv.num_lookup_tokens)
+        self.replica.series.maybe_sample(self.ends[j - 1], len(scheduler.running), scheduler.num_waiting,
+                                         pool.num_used, pool.num_blocks, kv.num_hit_tokens, kv.num_lookup_tokens)
+        self.num_sampled = j

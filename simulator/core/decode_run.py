@@ -38,9 +38,16 @@ class DecodeRun:
         # Steps where a request's KV bookkeeping can change: it starts a new block ((c + j - 1) % bs == 0)
         # or fills one ((c + j) % bs == 0). All other decode steps are no-ops for the KV manager.
         bs = scheduler.block_size
+        kv = scheduler.kv
         events: dict[int, list[int]] = {}
         for index, computed in enumerate(self._computed0):
-            for offset in ((-computed) % bs, (1 - computed) % bs):
+            request = self.requests[index]
+            offsets = []
+            if (computed + num_steps + bs - 1) // bs > kv.num_held_blocks(request.request_id):
+                offsets.append((1 - computed) % bs)  # steps that start a block it does not hold yet
+            if kv.enable_caching and len(request.block_hashes) > computed // bs:
+                offsets.append((-computed) % bs)  # steps that fill a block with a known hash
+            for offset in offsets:
                 step = offset if offset else bs
                 while step <= num_steps:
                     events.setdefault(step, []).append(index)

@@ -39,10 +39,10 @@ class WaitingQueue:
         self._heap: list[tuple[int, float, int, Request]] = []
 
     def __len__(self) -> int:
-        return len(self._fifo) if self.policy is QueuePolicy.FCFS else len(self._heap)
+        return len(self._fifo) + len(self._heap)  # one of the two is always empty
 
     def __bool__(self) -> bool:
-        return len(self) > 0
+        return bool(self._fifo) or bool(self._heap)
 
     def push(self, request: Request) -> None:
         if self.policy is QueuePolicy.FCFS:

@@ -1,0 +1,123 @@
+"""``fleetsim plan`` and ``fleetsim sweep``: subcommands registered into the CLI by ``register``.
+
+Output goes to a new folder (runs/NAME-plan, runs/GRID-sweep, never an existing one unless --out names
+it); progress goes to stderr so stdout holds only the answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from simulator.errors import ConfigError
+
+
+def _fresh_dir(name: str) -> Path:
+    """runs/NAME, or runs/NAME-2, -3, ... so an earlier result is never touched."""
+    base = Path("runs") / name
+    candidate, k = base, 2
+    while candidate.exists():
+        candidate = base.with_name(f"{name}-{k}")
+        k += 1
+    return candidate
+
+
+def _writable(out: Path, overwrite: bool) -> Path:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"output folder {out} exists and is not empty (choose another --out or pass --overwrite)")
+    return out
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from simulator.plan import parse_search, parse_slo, plan, print_log
+
+    slo = parse_slo(args.slo) if args.slo else None
+    search = parse_search(args.search or [])
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
+    out = _writable(Path(args.out), args.overwrite) if args.out else None
+    result = plan(
+        args.scenario,
+        slo=slo,
+        load_factor=args.load_factor,
+        max_replicas=args.max_replicas,
+        search=search,
+        seeds=args.seeds,
+        overrides=args.set or [],
+        variant=args.variant,
+        knee=not args.no_knee,
+        workers=args.workers,
+        log=None if args.quiet else print_log,
+    )
+    out = out or _fresh_dir(f"{result.scenario_name}-plan")
+    path = result.save(out)
+    print(result.text())
+    print(f"plan: {path}")
+    return 0 if result.replicas is not None else 1
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from simulator.sweep import load_grid, save_sweep, sweep
+
+    grid, _, _ = load_grid(args.grid)  # a bad grid file fails here, before any worker starts
+    out = _writable(Path(args.out), args.overwrite) if args.out else _fresh_dir(f"{Path(args.grid).stem}-sweep")
+    frame = sweep(args.grid, executor=args.executor, workers=args.workers, address=args.address,
+                  show_progress=not args.quiet)
+    keys = list(grid.grid)
+    paths = save_sweep(frame, keys, out, latency=args.latency)
+    failed = int(frame["error"].notna().sum())
+    print(f"{len(frame)} rows from {frame['task_id'].nunique()} tasks; {failed} failed")
+    _print_front(frame, keys, args.latency)
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return 1 if failed else 0
+
+
+def _print_front(frame: Any, keys: list[str], latency: str) -> None:
+    from simulator.sweep import pareto_points
+
+    points = pareto_points(frame, keys, y=latency)
+    front = points[points["on_front"]].sort_values("cost_per_mtok_usd")
+    if front.empty:
+        return
+    print(f"Pareto front (cost per Mtok vs {latency}, mean over seeds):")
+    for _, row in front.iterrows():
+        point = ", ".join(f"{k}={row[k]}" for k in keys)
+        print(f"  {row['cost_per_mtok_usd']:.3f} $/Mtok  {row[latency]:9.1f} ms  "
+              f"attainment {row['slo_attainment']:.3f}  {point}")
+
+
+def register(subparsers: Any) -> None:
+    """Add ``plan`` and ``sweep`` to the CLI's subparsers."""
+    p = subparsers.add_parser("plan", help="smallest fleet meeting an SLO, one replica's knee, cost, sensitivity")
+    p.add_argument("scenario", help="scenario YAML file")
+    p.add_argument("--slo", metavar="K=V,...",
+                   help="SLO, e.g. ttft_ms=500,tpot_ms=50,target=0.9 (any slo field; default: the scenario's)")
+    p.add_argument("--max-replicas", type=int, default=64, help="give up beyond this many replicas (64)")
+    p.add_argument("--search", action="append", metavar="KEY.PATH=V1,V2",
+                   help="also try these values of a knob (repeat for a cartesian product); best by cost")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per point, for confidence intervals (3)")
+    p.add_argument("--load-factor", type=float, default=1.0, help="plan for this multiple of the scenario's load")
+    p.add_argument("--variant", help="plan this variant of the scenario (default: the base)")
+    p.add_argument("--no-knee", action="store_true", help="skip the one-replica saturation search")
+    p.add_argument("--workers", type=int, help="processes running seeds in parallel (default: one per seed)")
+    p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a scenario field")
+    p.add_argument("--out", help="output folder for plan.json and trials.csv (default runs/NAME-plan)")
+    p.add_argument("--overwrite", action="store_true", help="write into an existing non-empty --out")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=cmd_plan)
+
+    p = subparsers.add_parser("sweep", help="run a grid of overrides x seeds locally or on Ray")
+    p.add_argument("grid", help="grid YAML: scenario, seeds, grid, set")
+    p.add_argument("--executor", choices=["local", "ray"], default="local", help="process pool or Ray (local)")
+    p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+    p.add_argument("--workers", type=int, help="local processes (default: CPU count); CPUs of a local Ray")
+    p.add_argument("--latency", default="e2e_p99_ms", help="latency metric of the Pareto view (e2e_p99_ms)")
+    p.add_argument("--out", help="output folder (default runs/GRID-sweep)")
+    p.add_argument("--overwrite", action="store_true", help="write into an existing non-empty --out")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_sweep)
+
