@@ -228,6 +228,9 @@ class _ActiveRun:
             self._sample(j)
 
     def _sample(self, j: int) -> None:
+        series = self.replica.series
+        if series.kv_probe is not None and self.ends[j - 1] >= series.next_sample_s:
+            self.run.set_counters(j)  # the probe reads per-request tokens: make them exact for step j
         scheduler = self.replica.scheduler
         kv = scheduler.kv
         pool = kv.pool

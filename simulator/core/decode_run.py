@@ -76,11 +76,15 @@ class DecodeRun:
                 if allocate(request, 1) is None:  # steady_decode_steps checked the pool: cannot happen
                     raise AssertionError(f"decode run: no KV for {request} at step {j}")
 
+    def set_counters(self, step: int) -> None:
+        """Leave every request as it is after ``step`` steps of the run (for readers of request state,
+        e.g. KV usage figures, in the middle of a run; O(batch))."""
+        for index, request in enumerate(self.requests):
+            request.num_computed_tokens = self._computed0[index] + step
+            request.num_output_tokens = self._output0[index] + step
+
     def finish(self) -> None:
         """Apply the remaining steps and leave every request as the step-by-step path would."""
         self.advance_to(self.num_steps)
-        k = self.num_steps
-        for index, request in enumerate(self.requests):
-            request.num_computed_tokens = self._computed0[index] + k
-            request.num_output_tokens = self._output0[index] + k
-        self.scheduler.account_steps(k)
+        self.set_counters(self.num_steps)
+        self.scheduler.account_steps(self.num_steps)
