@@ -741,7 +741,8 @@ def measured_points(profile: Profile, csv_path: Path) -> pd.DataFrame:
     """The profiled grid points with the profile's prediction for each.
 
     Columns: the timing columns, regime (decode / prefill / mixed), context (per decode sequence),
-    prefix (cached tokens before a single prefill chunk), measured_ms, predicted_ms, error_pct."""
+    prefix (cached tokens before a single prefill chunk), batch, chunk, measured_ms, predicted_ms,
+    error_pct."""
     try:
         frame = pd.read_csv(csv_path)
     except (OSError, ValueError) as err:
@@ -768,6 +769,8 @@ def measured_points(profile: Profile, csv_path: Path) -> pd.DataFrame:
         out["context"] = np.where(decode, out["decode_context_sum"] / out["num_seqs"].clip(lower=1), np.nan)
         n = out["num_prefill_tokens"].astype(float)
         out["prefix"] = np.where(prefill, (out["prefill_attention_pairs"] / n - n / 2).round(), np.nan)
+    out["batch"] = out["num_seqs"]  # the decode plot's x
+    out["chunk"] = out["num_prefill_tokens"]  # the prefill plot's x
     return out
 
 

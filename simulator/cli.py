@@ -147,6 +147,7 @@ def cmd_policies(args: argparse.Namespace) -> int:
 PLUGINS: dict[str, str] = {
     "dashboard": "simulator.cli_dashboard",
     "plan": "simulator.cli_plan",
+    "calibration": "calibration.cli",
 }
 """Subcommands that live in other modules (module path -> it defines ``register(subparsers)``)."""
 

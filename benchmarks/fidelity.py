@@ -1,0 +1,48 @@
+"""Fidelity on CPU: calibrate the small model on the cpu grid, then replay an Azure-shaped workload on the real
+engine and in the simulator; print the held-out fit error and the p50/p90/p99 errors of TTFT, TPOT, E2E.
+
+    python benchmarks/fidelity.py                                     # calibrate + validate, ~5 min
+    python benchmarks/fidelity.py --profile calibration/profiles/cpu-small-tp1-measured.yaml   # validate only
+
+Numbers, never pass/fail: on a shared 2-core machine other processes move every figure. Everything goes
+to --out (profile, raw timings, plots, fidelity.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--out", type=Path, default=Path("runs/fidelity"))
+    parser.add_argument("--profile", default=None, help="skip calibration and validate this profile")
+    parser.add_argument("--model", default="small")
+    parser.add_argument("--grid", default="cpu")
+    parser.add_argument("--num-requests", type=int, default=300)
+    parser.add_argument("--rate", type=float, default=None, help="requests/s (default: a moderate load by the profile)")
+    parser.add_argument("--mode", choices=("realtime", "lockstep", "both"), default="both")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+
+    from calibration.cli import calibrate
+    from calibration.validate import ValidationOptions, print_report, validate
+
+    profile = args.profile
+    if profile is None:
+        outputs = calibrate(device="cpu", model=args.model, grid=args.grid, threads=args.threads,
+                            out=args.out / f"cpu-{args.model}-tp1-measured.yaml")
+        err = outputs.profile.fit_error
+        print(f"calibrated {outputs.profile_path}: held-out MAPE {err.mape:.2%}, max {err.max_error:.2%}, "
+              f"R² {err.r2:.4f} over {err.num_points} points", flush=True)
+        profile = str(outputs.profile_path)
+    options = ValidationOptions(profile=profile, num_requests=args.num_requests, rate_rps=args.rate,
+                                mode=args.mode, threads=args.threads)
+    print_report(validate(options, out_dir=args.out / "validate"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

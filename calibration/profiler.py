@@ -1,0 +1,606 @@
+"""The profiler: a grid of step shapes forced through the real model runner, timed, written as raw CSV.
+
+Each grid point is one step composition — decode rows with given contexts, prefill chunks over given cached
+prefixes, or both — built as ``ScheduledSeq`` rows with distinct physical blocks and handed to
+``ModelRunner.execute_timed`` exactly as the engine hands it a scheduler's plan. Per point: warm-ups,
+repeats, the median of device time and (separately) of whole-call cycle time, and their IQRs. Points run
+in a seeded random order (optionally in several passes, to expose drift) so a slow drift of the machine
+does not masquerade as a trend in a grid axis.
+
+The CSV carries the StepShape columns ``calibration/fit.py`` reads, computed by the serving core's own
+``compute_shape`` so the fitted model sees exactly the features the simulator will. Rows are appended and
+flushed as they are measured: an interrupted run keeps what it measured, and a rerun with the same output
+skips the points already there. Provenance (device, versions, date, git revision, model, dtype, grid)
+lives in a sidecar JSON next to the CSV.
+
+Never fits and never decides anything about scheduling.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import os
+import platform
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import pandas as pd
+
+from calibration.timing import RepeatPolicy, Stats, ThreadCpuTimer, repeat, summarize
+from simulator.core.request import Request, RequestSpec
+from simulator.core.step import StepPlan, StepShape, compute_shape
+from simulator.errors import ConfigError
+
+SHAPE_COLUMNS: tuple[str, ...] = (
+    "num_seqs",
+    "num_new_tokens",
+    "num_decode_seqs",
+    "decode_context_sum",
+    "num_prefill_tokens",
+    "prefill_attention_pairs",
+)
+"""StepShape fields, as calibration/fit.py reads them."""
+
+CSV_COLUMNS: tuple[str, ...] = (
+    "point",
+    "kind",
+    "pass_index",
+    *SHAPE_COLUMNS,
+    "device_s",
+    "cycle_s",
+    "device_iqr_s",
+    "cycle_iqr_s",
+    "device_min_s",
+    "wall_device_s",
+    "wall_cycle_s",
+    "num_repeats",
+    "max_context",
+    "max_chunk",
+    "num_layers",
+)
+"""Raw timings file: one row per (grid point, pass); times are medians over the repeats."""
+
+IDENTITY_KEYS: tuple[str, ...] = ("model", "dtype", "backend", "device_type", "grid", "block_size", "num_layers",
+                                  "cuda_graphs", "clock")
+"""Sidecar fields that must match for a rerun to resume into an existing CSV."""
+
+
+class Clock(StrEnum):
+    """Which clock ``device_s`` and ``cycle_s`` of the timings file are read from."""
+
+    RUNNER = "runner"
+    """The runner's own: CUDA events (device) and the wall clock (cycle) on a GPU; the wall clock on CPU."""
+    THREAD_CPU = "thread_cpu"
+    """CPU time of the calling thread (one torch thread on CPU): immune to other processes' time slices.
+    The call's CPU time is split into device and host in the proportion the runner's wall clocks give."""
+
+
+class PointKind(StrEnum):
+    DECODE = "decode"
+    """Decode rows only: batch × context."""
+    PREFILL = "prefill"
+    """Prompt chunks only: chunk × cached prefix (one or more chunks)."""
+    MIXED = "mixed"
+    """Decode rows plus prompt chunks in one step (checks additivity)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GridPoint:
+    """One step composition: decode rows by context, prompt chunks by (new tokens, cached prefix)."""
+
+    name: str
+    """Stable identifier: what a resumed run matches on."""
+    decode_contexts: tuple[int, ...] = ()
+    """Context (keys attended, own new token included) of each decode row; each is >= 1."""
+    chunks: tuple[tuple[int, int], ...] = ()
+    """(new tokens, cached prefix tokens) of each prompt chunk; new tokens >= 2."""
+
+    def __post_init__(self) -> None:
+        if not self.decode_contexts and not self.chunks:
+            raise ValueError(f"grid point {self.name!r} has no rows")
+        if any(c < 1 for c in self.decode_contexts) or any(n < 2 or p < 0 for n, p in self.chunks):
+            raise ValueError(f"grid point {self.name!r}: decode contexts >= 1, chunks of >= 2 new tokens")
+
+    @property
+    def kind(self) -> PointKind:
+        if self.decode_contexts and self.chunks:
+            return PointKind.MIXED
+        return PointKind.DECODE if self.decode_contexts else PointKind.PREFILL
+
+    def rows(self) -> list[tuple[int, int]]:
+        """(num_new_tokens, num_computed_tokens) per scheduled sequence, decodes first (as the core orders
+        running requests before admissions)."""
+        return [(1, c - 1) for c in self.decode_contexts] + [(n, p) for n, p in self.chunks]
+
+    @property
+    def shape(self) -> StepShape:
+        return shape_of(self.rows())
+
+    @property
+    def max_context(self) -> int:
+        return max(n + p for n, p in self.rows())
+
+    @property
+    def max_chunk(self) -> int:
+        return max((n for n, _ in self.chunks), default=0)
+
+    def num_blocks(self, block_size: int) -> int:
+        """Physical blocks the point needs (every row gets its own)."""
+        return sum(-(-(n + p) // block_size) for n, p in self.rows())
+
+
+def shape_of(rows: Sequence[tuple[int, int]]) -> StepShape:
+    """The StepShape of (new, computed) rows, through the core's own ``compute_shape`` (one formula)."""
+    plan = StepPlan(0)
+    for i, (num_new, num_computed) in enumerate(rows):
+        request = Request(RequestSpec(request_id=i, arrival_s=0.0, prompt_tokens=num_new + num_computed,
+                                      output_tokens=1))
+        request.num_computed_tokens = num_computed
+        plan.add(request, num_new)
+    return compute_shape(plan)
+
+
+# ----- grids -------------------------------------------------------------------------------------------
+
+
+def decode_point(batch: int, context: int) -> GridPoint:
+    return GridPoint(f"decode_b{batch}_c{context}", decode_contexts=(context,) * batch)
+
+
+def prefill_point(chunk: int, prefix: int, num_chunks: int = 1) -> GridPoint:
+    suffix = f"_x{num_chunks}" if num_chunks > 1 else ""
+    return GridPoint(f"prefill_n{chunk}_p{prefix}{suffix}", chunks=((chunk, prefix),) * num_chunks)
+
+
+def mixed_point(batch: int, context: int, chunk: int, prefix: int = 0) -> GridPoint:
+    return GridPoint(
+        f"mixed_b{batch}_c{context}_n{chunk}_p{prefix}", decode_contexts=(context,) * batch, chunks=((chunk, prefix),)
+    )
+
+
+def skewed_point(batch: int, mean_context: int) -> GridPoint:
+    """Same Σctx as ``decode_point(batch, mean_context)`` but one long row and many short ones: tests that
+    decode attention scales with Σctx, not with max context (research §7.3)."""
+    short = max(1, mean_context // 4)
+    long = batch * mean_context - (batch - 1) * short
+    return GridPoint(f"decode_b{batch}_skew{mean_context}", decode_contexts=(long,) + (short,) * (batch - 1))
+
+
+def ramp_point(batch: int, low: int, high: int) -> GridPoint:
+    """Decode contexts spread evenly over [low, high]: a heterogeneous batch as a real engine runs it."""
+    contexts = tuple(round(float(c)) for c in np.linspace(low, high, batch))
+    return GridPoint(f"decode_b{batch}_ramp{low}-{high}", decode_contexts=contexts)
+
+
+@dataclass(frozen=True, slots=True)
+class Grid:
+    """A named set of points with the repeat policy they are measured under."""
+
+    name: str
+    model: str
+    """Model the grid is sized for (calibration/engine/configs.py)."""
+    points: tuple[GridPoint, ...]
+    policy: RepeatPolicy
+    num_passes: int = 1
+    """Times the whole grid runs (each pass in a fresh random order); > 1 exposes drift."""
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        names = [p.name for p in self.points]
+        if len(set(names)) != len(names):
+            raise ValueError(f"grid {self.name!r} repeats point names")
+
+    def max_blocks(self, block_size: int) -> int:
+        return max(p.num_blocks(block_size) for p in self.points)
+
+
+def _product(batches: Iterable[int], contexts: Iterable[int], *, max_tokens: int | None = None) -> list[GridPoint]:
+    """decode_point(b, c) for every pair, leaving out those holding more than ``max_tokens`` of context."""
+    ctx = list(contexts)
+    return [decode_point(b, c) for b in batches for c in ctx if max_tokens is None or b * c <= max_tokens]
+
+
+def ci_grid() -> Grid:
+    """Seconds on the tiny model: every regime present, few repeats."""
+    points = [
+        *_product((1, 4, 16, 32), (16, 128, 384)),
+        skewed_point(16, 128),
+        *[prefill_point(n, p) for n in (16, 64, 128, 256) for p in (0, 128)],
+        prefill_point(32, 0, num_chunks=4),
+        mixed_point(8, 64, 64),
+        mixed_point(16, 128, 128, 64),
+        mixed_point(4, 256, 32),
+    ]
+    return Grid("ci", "tiny", tuple(points), RepeatPolicy(num_warmup=2, num_repeats=5, min_repeats=3, budget_s=0.2),
+                description="CI smoke grid on the tiny model")
+
+
+CPU_MAX_CONTEXT_TOKENS = 16384
+"""Largest Σctx of a CPU grid point. Beyond ~16K context tokens per step the small model's per-layer KV
+gather (32 MB and up, freshly allocated each layer) stops scaling linearly on a 2-core VM (measured: 16K →
+32K tokens took 4-5x, not 2x); the validation workloads stay below it, so the grid does too."""
+
+
+def cpu_grid() -> Grid:
+    """A few minutes on the ``small`` model with 2 CPU threads; covers the validation workload's steps
+    (decode batches up to 64, contexts to 2K, chunks to 512 over cached prefixes)."""
+    points = [
+        *_product((1, 2, 4, 8, 16, 32, 64), (32, 256, 1024, 2048), max_tokens=CPU_MAX_CONTEXT_TOKENS),
+        skewed_point(16, 512),
+        skewed_point(64, 256),
+        ramp_point(32, 16, 960),
+        ramp_point(48, 64, 512),
+        *[prefill_point(n, p) for n in (8, 32, 64, 128, 256, 512) for p in (0, 256, 1536)],
+        prefill_point(1024, 0),
+        prefill_point(64, 0, num_chunks=4),
+        prefill_point(128, 128, num_chunks=3),
+        *[mixed_point(b, c, n) for b in (4, 16, 48) for c, n in ((128, 64), (512, 256))],
+        mixed_point(8, 256, 128, 512),
+        mixed_point(16, 512, 32, 128),
+    ]
+    # Two passes in fresh random orders: on a shared host other processes only ever add time, so the
+    # fit reads each point's least-disturbed pass (``aggregate_passes``).
+    return Grid("cpu", "small", tuple(points),
+                RepeatPolicy(num_warmup=2, num_repeats=7, min_repeats=4, budget_s=0.4), num_passes=2,
+                description="CPU calibration grid on the small model")
+
+
+def gpu_grid() -> Grid:
+    """Research §7.3 for Llama-3-8B TP 1 on an H200 (points beyond the KV pool are skipped at run time)."""
+    decode = [
+        decode_point(b, c)
+        for b in (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256)
+        for c in (256, 1024, 4096, 16384)
+    ]
+    skews = [skewed_point(32, 1024), skewed_point(128, 1024), ramp_point(64, 128, 4096)]
+    prefill = [prefill_point(n, p) for n in (16, 64, 256, 512, 1024, 2048, 4096, 8192) for p in (0, 2048, 16384)]
+    multi = [prefill_point(2048 // k, 0, num_chunks=k) for k in (4, 16)]
+    mixed = [mixed_point(b, 1024, n) for b in (32, 128) for n in (256, 2048)]
+    return Grid("gpu", "llama-3-8b", tuple(decode + skews + prefill + multi + mixed),
+                RepeatPolicy(num_warmup=5, num_repeats=15, min_repeats=5, budget_s=1.0),
+                description="research §7.3 grid, Llama-3-8B TP 1")
+
+
+def layer_grid(model: str, *, quick: bool = False) -> Grid:
+    """Per-layer grid for big models at TP shapes (research §7.3): decode B × ctx, prefill n."""
+    batches = (1, 8, 32) if quick else (1, 8, 32, 128, 256)
+    contexts = (64,) if quick else (1024, 8192)
+    chunks = (32,) if quick else (256, 2048, 8192)
+    points = [*_product(batches, contexts), *[prefill_point(n, 0) for n in chunks]]
+    policy = RepeatPolicy(num_warmup=1, num_repeats=3, min_repeats=2, budget_s=0.05) if quick else RepeatPolicy(
+        num_warmup=5, num_repeats=10, min_repeats=5, budget_s=0.5
+    )
+    return Grid(f"layers-{model}", model, tuple(points), policy, description=f"per-layer grid for {model}")
+
+
+GRIDS = {"ci": ci_grid, "cpu": cpu_grid, "gpu": gpu_grid}
+"""Grid presets by name (``--grid``)."""
+
+
+def get_grid(name: str) -> Grid:
+    try:
+        return GRIDS[name]()
+    except KeyError:
+        raise ConfigError(f"unknown grid {name!r}; known: {', '.join(GRIDS)}", field="grid") from None
+
+
+# ----- provenance --------------------------------------------------------------------------------------
+
+
+def git_revision(repo: Path | None = None) -> str | None:
+    """HEAD of the fleetsim checkout, with '-dirty' when the tree has changes; None outside git."""
+    cwd = repo or Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, timeout=10)
+        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def device_name(device: str) -> str:
+    """'NVIDIA H200' on a GPU; the CPU's model name (and thread count) on CPU."""
+    import torch
+
+    if device.startswith("cuda"):
+        return str(torch.cuda.get_device_name(torch.device(device)))
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"CPU ({model}, {torch.get_num_threads()} threads)"
+
+
+def library_versions() -> dict[str, str]:
+    import torch
+
+    versions = {"torch": torch.__version__, "numpy": np.__version__, "python": platform.python_version()}
+    if torch.version.cuda:
+        versions["cuda"] = str(torch.version.cuda)
+    try:
+        import triton
+
+        versions["triton"] = str(triton.__version__)
+    except ImportError:
+        pass
+    return versions
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunInfo:
+    """Sidecar provenance of one timings CSV."""
+
+    model: str
+    dtype: str
+    backend: str
+    device_type: str
+    grid: str
+    block_size: int
+    num_layers: int
+    cuda_graphs: bool
+    device_name: str
+    clock: str = Clock.RUNNER.value
+    library_versions: dict[str, str] = field(default_factory=dict)
+    date: str = ""
+    git_revision: str | None = None
+    torch_threads: int = 0
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def identity(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in IDENTITY_KEYS}
+
+
+def sidecar_path(csv_path: Path) -> Path:
+    return csv_path.with_suffix(".provenance.json")
+
+
+# ----- the runner seam ---------------------------------------------------------------------------------
+
+
+class TimedRunner(Protocol):
+    """What the profiler needs of ``calibration.engine.runner.ModelRunner``."""
+
+    num_blocks: int
+    block_size: int
+
+    def execute_timed(self, seqs: Sequence[Any], input_ids: Sequence[int]) -> tuple[list[int], Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PointResult:
+    point: GridPoint
+    pass_index: int
+    timings: PointTimings
+
+
+@dataclass(frozen=True, slots=True)
+class CallTiming:
+    """One timed call: the chosen clock's device and cycle seconds, and the runner's wall-clock pair."""
+
+    device_s: float
+    cycle_s: float
+    wall_device_s: float
+    wall_cycle_s: float
+
+
+def timed_call(runner: TimedRunner, seqs: Sequence[Any], ids: Sequence[int], clock: Clock) -> CallTiming:
+    """``runner.execute_timed`` once, read on ``clock``."""
+    if clock is Clock.THREAD_CPU:
+        timer = ThreadCpuTimer()
+        timer.start()
+        _, timing = runner.execute_timed(seqs, ids)
+        cpu_s = timer.stop()
+        share = timing.device_s / timing.cycle_s if timing.cycle_s > 0 else 1.0
+        return CallTiming(cpu_s * share, cpu_s, timing.device_s, timing.cycle_s)
+    _, timing = runner.execute_timed(seqs, ids)
+    return CallTiming(timing.device_s, timing.cycle_s, timing.device_s, timing.cycle_s)
+
+
+@dataclass(frozen=True, slots=True)
+class PointTimings:
+    device: Stats
+    cycle: Stats
+    wall_device: Stats
+    wall_cycle: Stats
+
+
+def measure_point(runner: TimedRunner, point: GridPoint, policy: RepeatPolicy, *, vocab_size: int,
+                  seed: int = 0, clock: Clock = Clock.RUNNER) -> PointTimings:
+    """Time one step composition: rows get distinct blocks (never aliased: aliasing would let caches
+    serve repeated context), random token ids (never zeros)."""
+    from calibration.engine.attention import ScheduledSeq
+
+    bs = runner.block_size
+    if point.num_blocks(bs) > runner.num_blocks:
+        raise ValueError(f"{point.name} needs {point.num_blocks(bs)} blocks, the pool has {runner.num_blocks}")
+    seqs = []
+    next_block = 0
+    for num_new, num_computed in point.rows():
+        n_blocks = -(-(num_new + num_computed) // bs)
+        seqs.append(ScheduledSeq(num_new_tokens=num_new, num_computed_tokens=num_computed,
+                                 block_table=tuple(range(next_block, next_block + n_blocks))))
+        next_block += n_blocks
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, vocab_size, size=point.shape.num_new_tokens).tolist()
+    calls = repeat(lambda: timed_call(runner, seqs, ids, clock), policy)
+    return PointTimings(
+        device=summarize([c.device_s for c in calls]),
+        cycle=summarize([c.cycle_s for c in calls]),
+        wall_device=summarize([c.wall_device_s for c in calls]),
+        wall_cycle=summarize([c.wall_cycle_s for c in calls]),
+    )
+
+
+def _row(result: PointResult, num_layers: int) -> dict[str, Any]:
+    point = result.point
+    row: dict[str, Any] = {"point": point.name, "kind": point.kind.value, "pass_index": result.pass_index}
+    row.update(asdict(point.shape))
+    row.pop("num_swap_tokens", None)
+    t = result.timings
+    row.update(
+        device_s=t.device.median_s,
+        cycle_s=t.cycle.median_s,
+        device_iqr_s=t.device.iqr_s,
+        cycle_iqr_s=t.cycle.iqr_s,
+        device_min_s=t.device.min_s,
+        wall_device_s=t.wall_device.median_s,
+        wall_cycle_s=t.wall_cycle.median_s,
+        num_repeats=t.device.num_samples,
+        max_context=point.max_context,
+        max_chunk=point.max_chunk,
+        num_layers=num_layers,
+    )
+    return row
+
+
+def _repair_tail(path: Path) -> None:
+    """Drop a partial last line (a run killed mid-write) so appended rows start on a line of their own."""
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
+def read_timings(path: str | Path) -> pd.DataFrame:
+    """The rows of a timings CSV that were written completely."""
+    df = pd.read_csv(path)
+    return df.dropna(subset=["device_s", "cycle_s"]).reset_index(drop=True)
+
+
+def load_sidecar(csv_path: Path) -> dict[str, Any] | None:
+    path = sidecar_path(csv_path)
+    if not path.is_file():
+        return None
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+@dataclass(slots=True)
+class ProfileRun:
+    """Outcome of ``run_grid``: the rows now in the CSV, what was skipped and why."""
+
+    csv_path: Path
+    measured: int
+    """Points measured in this run."""
+    resumed: int
+    """Points found already measured in the CSV."""
+    skipped: list[str]
+    """Points not measured (e.g. larger than the KV pool), with the reason."""
+
+    def frame(self) -> pd.DataFrame:
+        """Every row measured (one per point and pass)."""
+        return read_timings(self.csv_path)
+
+    def points_frame(self) -> pd.DataFrame:
+        """One row per point (``aggregate_passes``): what the fit reads."""
+        return aggregate_passes(self.frame())
+
+
+def run_grid(
+    runner: TimedRunner,
+    grid: Grid,
+    csv_path: str | Path,
+    info: RunInfo,
+    *,
+    vocab_size: int,
+    seed: int = 0,
+    progress: bool = True,
+    max_points: int | None = None,
+) -> ProfileRun:
+    """Measure every (point, pass) of ``grid`` not already in ``csv_path``, appending rows as measured.
+
+    ``max_points`` stops after that many new measurements (a test of interruption, or a time cap).
+    """
+    csv_path = Path(csv_path)
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    done: set[tuple[str, int]] = set()
+    if csv_path.is_file() and csv_path.stat().st_size > 0:
+        previous = load_sidecar(csv_path)
+        if previous is not None:
+            theirs = {k: previous.get(k) for k in IDENTITY_KEYS}
+            if theirs != info.identity():
+                diff = {k: (theirs[k], v) for k, v in info.identity().items() if theirs[k] != v}
+                raise ConfigError(f"{csv_path} holds timings of another setup {diff}; choose another output",
+                                  file=csv_path)
+        _repair_tail(csv_path)
+        existing = read_timings(csv_path)
+        done = set(zip(existing["point"].astype(str), existing["pass_index"].astype(int), strict=True))
+    sidecar = asdict(info)
+    sidecar["date"] = sidecar["date"] or datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    sidecar_path(csv_path).write_text(json.dumps(sidecar, indent=2, sort_keys=True) + "\n")
+
+    rng = np.random.default_rng(seed)
+    todo: list[tuple[GridPoint, int]] = []
+    skipped: list[str] = []
+    for pass_index in range(grid.num_passes):
+        order = rng.permutation(len(grid.points))
+        for i in order:
+            point = grid.points[i]
+            if point.num_blocks(runner.block_size) > runner.num_blocks:
+                if pass_index == 0:
+                    skipped.append(f"{point.name}: needs {point.num_blocks(runner.block_size)} KV blocks, "
+                                   f"the pool has {runner.num_blocks}")
+                continue
+            if (point.name, pass_index) not in done:
+                todo.append((point, pass_index))
+    resumed = len(done)
+    if max_points is not None:
+        todo = todo[:max_points]
+
+    new_file = not csv_path.is_file() or csv_path.stat().st_size == 0
+    bar = _progress(len(todo), f"profile {grid.name}", progress)
+    measured = 0
+    with csv_path.open("a", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
+        if new_file:
+            writer.writeheader()
+            fh.flush()
+        clock = Clock(info.clock)
+        for point, pass_index in todo:
+            timings = measure_point(runner, point, grid.policy, vocab_size=vocab_size, seed=seed, clock=clock)
+            writer.writerow(_row(PointResult(point, pass_index, timings), info.num_layers))
+            fh.flush()
+            os.fsync(fh.fileno())
+            measured += 1
+            if bar is not None:
+                bar.set_postfix_str(f"{point.name} {timings.device.median_s * 1e3:.2f} ms", refresh=False)
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    return ProfileRun(csv_path=csv_path, measured=measured, resumed=resumed, skipped=skipped)
+
+
+def aggregate_passes(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per grid point: the pass with the smallest median device time (its cycle time with it).
+
+    Contention from other processes on a shared host only adds time, so across passes measured at
+    different moments the smallest median is the least-disturbed estimate; with one pass this is the
+    identity. Repeats inside a pass are still summarised by their median."""
+    if df.empty or df["pass_index"].nunique() <= 1:
+        return df.reset_index(drop=True)
+    best = df.loc[df.groupby("point", sort=False)["device_s"].idxmin()]
+    return best.sort_index().reset_index(drop=True)
+
+
+def _progress(total: int, desc: str, enabled: bool) -> Any:
+    if not enabled or total == 0:
+        return None
+    import sys
+
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="pt", file=sys.stderr, mininterval=0.5, leave=True)
