@@ -9,7 +9,7 @@ back into a widget's key before drawing it, so leaving a page or hiding a contro
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import streamlit as st
@@ -123,3 +123,36 @@ def plots(result: RunResult, key: str) -> None:
         for column, name in zip(columns, order[i : i + 2], strict=False):
             with column:
                 st.plotly_chart(figures[name], key=f"{key}-{name}", config={"displaylogo": False})
+
+
+def run_panel(build: Callable[[], dict[str, Any]], base: data.Base, *, prefix: str, run_label: str,
+              export_suffix: str, hint: str) -> tuple[dict[str, Any] | None, dict[str, Any], RunResult]:
+    """Validate the settings ``build`` makes (an error shows in the page and disables the buttons), offer
+    Run and Export, run with a progress bar, and return (current settings or None, the settings of the
+    shown run, its result). Stops the page with ``hint`` until a first run exists."""
+    raw: dict[str, Any] | None = None
+    try:
+        raw = build()
+        data.validate(raw, base.source)
+    except ConfigError as err:
+        show_error(err)
+        raw_ok = False
+    else:
+        raw_ok = True
+    left, right = st.columns([1, 1])
+    run_clicked = left.button(run_label, type="primary", key=f"{prefix}run", disabled=not raw_ok)
+    right.download_button("Export settings as YAML", data.to_yaml(raw) if raw is not None else "",
+                          file_name=f"{(raw or base.raw).get('name', 'scenario')}{export_suffix}.yaml",
+                          mime="application/x-yaml", key=f"{prefix}export", disabled=not raw_ok)
+    if run_clicked and raw is not None:
+        result = run_with_progress(raw, base.source)
+        if result is not None:
+            st.session_state[f"{prefix}last"] = (data.raw_key(raw), raw, result)
+    last = st.session_state.get(f"{prefix}last")
+    if last is None:
+        st.info(hint)
+        st.stop()
+    key, run_raw, result = last
+    if raw is not None and key != data.raw_key(raw):
+        st.info(f"The settings changed since this run: press **{run_label}** to update it.")
+    return raw, run_raw, result

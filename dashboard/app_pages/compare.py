@@ -8,7 +8,6 @@ from typing import Any
 import streamlit as st
 
 from dashboard import data, widgets
-from simulator.errors import ConfigError
 
 P = "cmp_"  # widget key prefix of this page
 
@@ -82,35 +81,10 @@ variants = [
     for i in range(count)
 ]
 
-raw: dict[str, Any] | None = None
-try:
-    raw = data.compare_raw(base.raw, variants, int(values["num_requests"]))
-    data.validate(raw, base.source)
-except ConfigError as err:
-    widgets.show_error(err)
-    raw_ok = False
-else:
-    raw_ok = True
-
-left, right = st.columns([1, 1])
-run_clicked = left.button("Run comparison", type="primary", key=f"{P}run", disabled=not raw_ok)
-right.download_button("Export settings as YAML", data.to_yaml(raw) if raw is not None else "",
-                      file_name=f"{base.raw.get('name', 'scenario')}-compare.yaml", mime="application/x-yaml",
-                      key=f"{P}export", disabled=not raw_ok)
-
-if run_clicked and raw is not None:
-    result = widgets.run_with_progress(raw, base.source)
-    if result is not None:
-        st.session_state[f"{P}last"] = (data.raw_key(raw), raw, result)
-
-last = st.session_state.get(f"{P}last")
-if last is None:
-    st.info("Set up the variants, then press **Run comparison**.")
-    st.stop()
-
-key, run_raw, result = last
-if raw is not None and key != data.raw_key(raw):
-    st.info("The settings changed since this run: press **Run comparison** to update it.")
+chosen: data.Base = base  # narrowed above; the lambda below reads it later
+raw, run_raw, result = widgets.run_panel(
+    lambda: data.compare_raw(chosen.raw, variants, int(values["num_requests"])), base, prefix=P,
+    run_label="Run comparison", export_suffix="-compare", hint="Set up the variants, then press **Run comparison**.")
 widgets.analytic_note(result)
 
 summaries = {name: v.summary for name, v in result.variants.items()}

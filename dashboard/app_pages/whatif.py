@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import streamlit as st
 
 from dashboard import data, widgets
-from simulator.errors import ConfigError
 
 P = "wi_"  # widget key prefix of this page
 
@@ -86,35 +83,10 @@ if description:
 if base.raw.get("variants"):
     st.caption(f"This scenario also defines variants ({', '.join(base.raw['variants'])}); the Compare page runs them.")
 
-raw: dict[str, Any] | None = None
-try:
-    raw = data.apply_controls(base.raw, data.Controls(**values))
-    data.validate(raw, base.source)
-except ConfigError as err:
-    widgets.show_error(err)
-    raw_ok = False
-else:
-    raw_ok = True
-
-left, right = st.columns([1, 1])
-run_clicked = left.button("Run simulation", type="primary", key=f"{P}run", disabled=not raw_ok)
-right.download_button("Export settings as YAML", data.to_yaml(raw) if raw is not None else "",
-                      file_name=f"{(raw or base.raw).get('name', 'scenario')}.yaml", mime="application/x-yaml",
-                      key=f"{P}export", disabled=not raw_ok)
-
-if run_clicked and raw is not None:
-    result = widgets.run_with_progress(raw, base.source)
-    if result is not None:
-        st.session_state[f"{P}last"] = (data.raw_key(raw), raw, result)
-
-last = st.session_state.get(f"{P}last")
-if last is None:
-    st.info("Set the controls in the sidebar, then press **Run simulation**.")
-    st.stop()
-
-key, run_raw, result = last
-if raw is not None and key != data.raw_key(raw):
-    st.info("The settings changed since this run: press **Run simulation** to update it.")
+chosen: data.Base = base  # narrowed above; the lambda below reads it later
+raw, run_raw, result = widgets.run_panel(
+    lambda: data.apply_controls(chosen.raw, data.Controls(**values)), base, prefix=P, run_label="Run simulation",
+    export_suffix="", hint="Set the controls in the sidebar, then press **Run simulation**.")
 summary = next(iter(result.variants.values())).summary
 verdict = data.slo_verdict(summary, run_raw)
 if verdict.met is None:
