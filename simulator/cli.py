@@ -53,7 +53,7 @@ def format_table(rows: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _default_out(name: str) -> Path:
+def fresh_out_dir(name: str) -> Path:
     """runs/NAME, or runs/NAME-2, -3, ... so an earlier run is never touched."""
     base = Path("runs") / name
     candidate, k = base, 2
@@ -61,6 +61,15 @@ def _default_out(name: str) -> Path:
         candidate = base.with_name(f"{name}-{k}")
         k += 1
     return candidate
+
+
+def checked_out_dir(out: Path, overwrite: bool) -> Path:
+    """An --out the user named: refused when it holds files, unless --overwrite (never silently)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"output folder {out} exists and is not empty (choose another --out or pass --overwrite)")
+    return out
 
 
 def _progress_bar(enabled: bool) -> tuple[Callable[[str, int, int], None] | None, Callable[[], None]]:
@@ -89,9 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from simulator.scenario import load_scenario
 
     loaded = load_scenario(args.scenario, args.set or [], seed=args.seed)
-    out = Path(args.out) if args.out else _default_out(loaded.scenario.name)
-    if out.exists() and any(out.iterdir()) and not args.overwrite:
-        raise ConfigError(f"output folder {out} exists and is not empty (choose another --out or pass --overwrite)")
+    out = checked_out_dir(Path(args.out), args.overwrite) if args.out else fresh_out_dir(loaded.scenario.name)
     progress, close = _progress_bar(not args.quiet)
     try:
         result = run(loaded, progress=progress)

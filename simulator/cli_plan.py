@@ -10,25 +10,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from simulator.cli import checked_out_dir, fresh_out_dir
 from simulator.errors import ConfigError
-
-
-def _fresh_dir(name: str) -> Path:
-    """runs/NAME, or runs/NAME-2, -3, ... so an earlier result is never touched."""
-    base = Path("runs") / name
-    candidate, k = base, 2
-    while candidate.exists():
-        candidate = base.with_name(f"{name}-{k}")
-        k += 1
-    return candidate
-
-
-def _writable(out: Path, overwrite: bool) -> Path:
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"output {out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"output folder {out} exists and is not empty (choose another --out or pass --overwrite)")
-    return out
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -38,7 +21,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     search = parse_search(args.search or [])
     if args.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
-    out = _writable(Path(args.out), args.overwrite) if args.out else None
+    out = checked_out_dir(Path(args.out), args.overwrite) if args.out else None
     result = plan(
         args.scenario,
         slo=slo,
@@ -52,7 +35,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         workers=args.workers,
         log=None if args.quiet else print_log,
     )
-    out = out or _fresh_dir(f"{result.scenario_name}-plan")
+    out = out or fresh_out_dir(f"{result.scenario_name}-plan")
     path = result.save(out)
     print(result.text())
     print(f"plan: {path}")
@@ -63,7 +46,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from simulator.sweep import load_grid, save_sweep, sweep
 
     grid, _, _ = load_grid(args.grid)  # a bad grid file fails here, before any worker starts
-    out = _writable(Path(args.out), args.overwrite) if args.out else _fresh_dir(f"{Path(args.grid).stem}-sweep")
+    name = f"{Path(args.grid).stem}-sweep"
+    out = checked_out_dir(Path(args.out), args.overwrite) if args.out else fresh_out_dir(name)
     frame = sweep(args.grid, executor=args.executor, workers=args.workers, address=args.address,
                   show_progress=not args.quiet)
     keys = list(grid.grid)
