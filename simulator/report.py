@@ -357,6 +357,7 @@ table.summary tbody th { text-align: left; font-weight: normal; color: #444; }
 .verdict { padding: 2px 8px; border-radius: 4px; font-weight: 700; }
 .verdict.ok { background: #d4edda; color: #155724; } .verdict.fail { background: #f8d7da; color: #721c24; }
 .grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(560px, 1fr)); gap: 12px; }
+.grid > div { min-width: 0; }
 .note { color: #666; font-size: 0.9em; }
 """
 
@@ -403,7 +404,7 @@ def build_figures(result: RunResult) -> dict[str, go.Figure]:
 def render_report(result: RunResult) -> str:
     """The whole report as one HTML string (plotly.js inlined once; no network needed to view it)."""
     divs = [
-        fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=div_id, config={"displaylogo": False})
+        fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=div_id, config={"displaylogo": False, "responsive": True})
         for i, (div_id, fig) in enumerate(build_figures(result).items())
     ]
 
