@@ -162,6 +162,9 @@ def calibrate(
     progress: bool = True,
     host_from: Literal["engine", "grid"] = "engine",
     clock: Literal["auto", "runner", "thread_cpu"] = "auto",
+    multi_token: bool | None = None,
+    pass_aggregate: str = "min",
+    command: str | None = None,
 ) -> CalibrationOutputs:
     """Profile ``model`` (at ``tp`` shapes) on ``device``, fit, and write a measured profile.
 
@@ -171,6 +174,11 @@ def calibrate(
     ``clock``: ``auto`` reads CPU steps on the thread's CPU time when torch runs one thread (immune to
     other processes on a shared host), else the runner's clocks (CUDA events on a GPU); ``runner`` or
     ``thread_cpu`` force one.
+
+    ``multi_token``: fit the fixed extra time m of steps with more than one new token (default: on CPU,
+    where one-token matmuls run as matrix-vector kernels). ``command``: the command line, recorded in the
+    profile's provenance. ``pass_aggregate``: how each point's passes are combined (``min``: least
+    disturbed, for a shared host; ``mean``: for a quiet one; see ``profiler.aggregate_passes``).
     """
     import torch
 
@@ -236,7 +244,7 @@ def calibrate(
     )
     run = run_grid(runner, grid_obj, csv_path, info, vocab_size=runner.shape.vocab_size, seed=seed,
                    progress=progress)
-    df = run.points_frame()
+    df = run.points_frame(pass_aggregate)
     if len(df) < 4:
         raise ConfigError(f"only {len(df)} grid points measured: too few to fit", file=csv_path)
 
@@ -247,8 +255,9 @@ def calibrate(
         initial = load_profile(analytic_name).device_s
     # The knee exponent is fitted only when the grid reaches the compute-bound side; both fits are
     # cross-validated the same way and the lower held-out error is kept (recorded in the source).
-    fixed = fit_timings(df, num_folds=folds, seed=seed, initial=initial)
-    fitted = fit_timings(df, num_folds=folds, seed=seed, initial=initial, fit_knee=True)
+    multi = not cuda if multi_token is None else multi_token
+    fixed = fit_timings(df, num_folds=folds, seed=seed, initial=initial, multi_token=multi)
+    fitted = fit_timings(df, num_folds=folds, seed=seed, initial=initial, fit_knee=True, multi_token=multi)
     knee_fitted = fitted.error.mape < fixed.error.mape
     result = fitted if knee_fitted else fixed
 
@@ -300,18 +309,23 @@ def calibrate(
                f"KV capacity = {memory_fraction} x device memory - weights - measured activation peak")
     source = (
         f"Measured: grid '{grid_obj.name}' ({len(df)} points, medians of repeats after warm-ups, randomised "
-        f"order, {grid_obj.num_passes} pass(es), least-disturbed pass per point) of {model} tp={tp} {dtype} "
+        f"order, {grid_obj.num_passes} pass(es), "
+        f"{'least-disturbed pass' if pass_aggregate == 'min' else 'mean of the passes'} per point) "
+        f"of {model} tp={tp} {dtype} "
         f"on the fleetsim engine runner (backend {backend}, "
         f"CUDA graphs {bool(cuda_graphs)}, {info.torch_threads} torch threads, clock {chosen.value}); "
         f"fitted by calibration.fit "
         f"(relative least squares, soft_l1, knee {'fitted' if knee_fitted else 'fixed'} at "
-        f"p={result.device.knee_p:.3g}); held-out {err.num_folds}-fold MAPE {err.mape:.2%}, max "
+        f"p={result.device.knee_p:.3g}"
+        + (f", multi-token step term m={result.device.multi_token_s * 1e3:.3g} ms" if multi else "")
+        + f"); held-out {err.num_folds}-fold MAPE {err.mape:.2%}, max "
         f"{err.max_error:.2%}; host terms from cycle - device time of "
         + (f"{len(engine_host)} engine steps (scheduler loop included)" if engine_host is not None else
            "the grid's forced steps")
         + f"; {kv_note}"
         + ("; all-reduce terms analytic (not measured on one device)" if comm is not None else "")
         + (f"; skipped: {len(run.skipped)} points beyond the KV pool" if run.skipped else "")
+        + (f"; command: {command}" if command else "")
     )
     versions = dict(info.library_versions)
     profile = result.to_profile(
@@ -348,6 +362,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         device=args.device, model=args.model, out=args.out, tp=args.tp, grid=args.grid, dtype=args.dtype,
         backend=args.backend, kv_gib=args.kv_gib, threads=args.threads, hardware=args.hardware,
         folds=args.folds, seed=args.seed, progress=not args.quiet, host_from=args.host_from, clock=args.clock,
+        pass_aggregate=args.pass_aggregate, command=_command_line(),
     )
     profile = outputs.profile
     err = profile.fit_error
@@ -357,7 +372,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     dev = profile.device_s
     print(f"device   a0 {dev.a0_s * 1e3:.3f} ms  W {dev.weight_s * 1e3:.3f} ms  f {dev.per_token_s * 1e6:.3f} us/tok  "
           f"k {dev.per_ctx_token_s * 1e9:.3f} ns/ctx  q {dev.per_attn_pair_s * 1e12:.3f} ps/pair  "
-          f"s {dev.per_seq_s * 1e6:.3f} us/seq  p {dev.knee_p:.3g}")
+          f"s {dev.per_seq_s * 1e6:.3f} us/seq  m {dev.multi_token_s * 1e3:.3f} ms  p {dev.knee_p:.3g}")
     host = profile.host_s
     print(f"host     h0 {host.h0_s * 1e6:.1f} us  {host.per_seq_s * 1e6:.2f} us/seq  "
           f"{host.per_token_s * 1e9:.1f} ns/tok")
@@ -366,6 +381,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"skipped  {reason}")
     print(f"raw      {outputs.csv_path}\nplot     {outputs.html_path}")
     return 0
+
+
+def _command_line() -> str:
+    """How this process was invoked, as ``fleetsim <subcommand> ...`` (for provenance)."""
+    import shlex
+    import sys
+
+    return "fleetsim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -401,6 +424,8 @@ def register(subparsers: Any) -> None:
                    help="auto: thread CPU time on CPU with one torch thread, else the runner's clocks")
     p.add_argument("--host-from", choices=("engine", "grid"), default="engine",
                    help="fit host overhead on engine steps (scheduler included) or on the grid's forced steps")
+    p.add_argument("--pass-aggregate", choices=("min", "mean"), default="min",
+                   help="combine each grid point's passes: min (least disturbed; shared host) or mean (quiet host)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_calibrate)

@@ -1,6 +1,8 @@
 """Fit the research §4.3 step-time form to a timings table, and report held-out error.
 
 Device time:  T = a0 + smoothmax(W, f·N) + k·Σctx + q·Σpairs + s·B   (relative least squares, soft_l1)
+              [+ m·[N > 1] with ``multi_token``: CPU matmuls switch from matrix-vector to matrix-matrix
+               kernels beyond one token, a step the linear terms cannot bend to]
 Host time:    cycle − device = h0 + h1·B + h2·N                        (non-negative linear least squares)
 
 Rows are grid points (one measured step shape each, median over repeats). Coefficients are bounded at 0
@@ -46,7 +48,9 @@ SHAPE_COLUMNS: tuple[str, ...] = (
 )
 """StepShape fields, one column each (num_seqs as the engine ran it, i.e. padded to its graph bucket)."""
 
-LINEAR_PARAMS: tuple[str, ...] = ("a0_s", "weight_s", "per_token_s", "per_ctx_token_s", "per_attn_pair_s", "per_seq_s")
+LINEAR_PARAMS: tuple[str, ...] = (
+    "a0_s", "weight_s", "per_token_s", "per_ctx_token_s", "per_attn_pair_s", "per_seq_s", "multi_token_s"
+)
 """DeviceCoefficients fitted, in the order of the parameter vector (knee_p appended when fitted)."""
 
 KNEE_BOUNDS = (1.0, 16.0)
@@ -93,8 +97,10 @@ def _smoothmax(x: np.ndarray | float, y: np.ndarray, p: float) -> np.ndarray:
 
 
 def _predict(x: np.ndarray, p: float, feats: Features) -> np.ndarray:
-    a0, w, f, k, q, s = x[:6]
-    return a0 + _smoothmax(w, f * feats.num_tokens, p) + k * feats.ctx_sum + q * feats.pairs + s * feats.num_seqs
+    a0, w, f, k, q, s, m = x[:7]
+    multi = m * (feats.num_tokens > 1)
+    return (a0 + _smoothmax(w, f * feats.num_tokens, p) + multi + k * feats.ctx_sum + q * feats.pairs
+            + s * feats.num_seqs)
 
 
 def predict_device(coeffs: DeviceCoefficients, df: pd.DataFrame) -> np.ndarray:
@@ -104,18 +110,24 @@ def predict_device(coeffs: DeviceCoefficients, df: pd.DataFrame) -> np.ndarray:
     return _predict(x, coeffs.knee_p, feats)
 
 
-def initial_guess(df: pd.DataFrame) -> DeviceCoefficients:
+def initial_guess(df: pd.DataFrame, *, multi_token: bool = False) -> DeviceCoefficients:
     """A data-driven start when no roofline guess is given: a non-negative linear fit of
-    T ≈ c + f·N + k·Σctx + q·Σpairs + s·B on relative error, its intercept split 10 / 90 into a0 and W."""
+    T ≈ c + f·N + k·Σctx + q·Σpairs + s·B (+ m·[N > 1]) on relative error, its intercept split 10 / 90 into
+    a0 and W."""
     feats = features(df)
     obs = df["device_s"].to_numpy(dtype=np.float64)
-    design = np.column_stack([np.ones_like(obs), feats.num_tokens, feats.ctx_sum, feats.pairs, feats.num_seqs])
+    columns = [np.ones_like(obs), feats.num_tokens, feats.ctx_sum, feats.pairs, feats.num_seqs]
+    if multi_token:
+        columns.append((feats.num_tokens > 1).astype(np.float64))
+    design = np.column_stack(columns)
     scale = np.maximum(np.abs(design).max(axis=0), 1e-300)
     # Dividing rows by the observation makes this a relative-error fit, as the real one is.
     coef, _ = nnls(design / scale / obs[:, None], np.ones_like(obs))
-    c, f, k, q, s = coef / scale
+    c, f, k, q, s = (coef / scale)[:5]
+    m = float((coef / scale)[5]) if multi_token else 0.0
     return DeviceCoefficients(
-        a0_s=0.1 * c, weight_s=0.9 * c, per_token_s=f, per_ctx_token_s=k, per_attn_pair_s=q, per_seq_s=s
+        a0_s=0.1 * c, weight_s=0.9 * c, per_token_s=f, per_ctx_token_s=k, per_attn_pair_s=q, per_seq_s=s,
+        multi_token_s=m,
     )
 
 
@@ -123,7 +135,7 @@ def _param_scales(start: np.ndarray, feats: Features, obs: np.ndarray) -> np.nda
     """Typical magnitude of each parameter, so the optimiser works on O(1) numbers: the start value, or,
     where the start is 0, the value at which its term would be 0.1 % of a typical step."""
     typical = float(np.median(obs))
-    reach = [1.0, 1.0, feats.num_tokens.max(), feats.ctx_sum.max(), feats.pairs.max(), feats.num_seqs.max()]
+    reach = [1.0, 1.0, feats.num_tokens.max(), feats.ctx_sum.max(), feats.pairs.max(), feats.num_seqs.max(), 1.0]
     fallback = np.array([1e-3 * typical / r if r > 0 else 1.0 for r in reach])
     return np.where(start > 0, start, fallback)
 
@@ -134,21 +146,28 @@ def fit_device(
     initial: DeviceCoefficients | None = None,
     knee_p: float | None = None,
     fit_knee: bool = False,
+    multi_token: bool = False,
 ) -> DeviceCoefficients:
     """Least squares on relative residuals (pred − obs) / obs, soft_l1 loss, every coefficient ≥ 0.
 
     ``initial``: roofline start (e.g. an analytic profile's coefficients); default a linear guess.
     ``knee_p``: smoothmax exponent, fixed unless ``fit_knee``; default the initial guess's.
+    ``multi_token``: also fit m, the fixed extra time of steps with more than one new token (CPU); it
+    needs rows on both sides (one-token and multi-token steps), else it stays at its start value.
     """
     feats = features(df)
     obs = df["device_s"].to_numpy(dtype=np.float64)
-    start = initial or initial_guess(df)
+    start = initial or initial_guess(df, multi_token=multi_token)
     p0 = knee_p if knee_p is not None else start.knee_p
     x0 = np.array([getattr(start, name) for name in LINEAR_PARAMS], dtype=np.float64)
     scales = _param_scales(x0, feats, obs)
     # A term whose feature is zero on every row (no decode rows, no prefill rows) cannot be fitted: it
     # keeps its start value instead of wandering, and the optimiser sees only the others.
-    active = np.array([True, True, True, feats.ctx_sum.any(), feats.pairs.any(), True])
+    one_token = feats.num_tokens <= 1
+    active = np.array([True, True, True, feats.ctx_sum.any(), feats.pairs.any(), True,
+                       multi_token and bool(one_token.any()) and bool((~one_token).any())])
+    if not active[6]:
+        x0[6] = 0.0
     theta0 = np.where(x0 > 0, x0 / scales, 0.0)[active]
     lower = np.zeros(int(active.sum()))
     upper = np.full(int(active.sum()), np.inf)
@@ -215,6 +234,7 @@ def cross_validate(
     initial: DeviceCoefficients | None = None,
     knee_p: float | None = None,
     fit_knee: bool = False,
+    multi_token: bool = False,
 ) -> tuple[FitError, np.ndarray]:
     """k-fold over grid points: each point is predicted by a fit that never saw it.
     Returns the error summary and the held-out prediction of every row."""
@@ -224,7 +244,7 @@ def cross_validate(
     held_out = np.empty(n)
     for fold in np.array_split(order, folds):
         train = df.iloc[np.setdiff1d(order, fold)]
-        coeffs = fit_device(train, initial=initial, knee_p=knee_p, fit_knee=fit_knee)
+        coeffs = fit_device(train, initial=initial, knee_p=knee_p, fit_knee=fit_knee, multi_token=multi_token)
         held_out[fold] = predict_device(coeffs, df.iloc[fold])
     observed = df["device_s"].to_numpy(dtype=np.float64)
     return error_summary(held_out, observed, num_folds=folds), held_out
@@ -310,13 +330,14 @@ def fit_timings(
     initial: DeviceCoefficients | None = None,
     knee_p: float | None = None,
     fit_knee: bool = False,
+    multi_token: bool = False,
 ) -> FitResult:
     """Fit device and host terms on every row, and cross-validate the device fit."""
     error, held_out = cross_validate(
-        df, num_folds=num_folds, seed=seed, initial=initial, knee_p=knee_p, fit_knee=fit_knee
+        df, num_folds=num_folds, seed=seed, initial=initial, knee_p=knee_p, fit_knee=fit_knee, multi_token=multi_token
     )
     return FitResult(
-        device=fit_device(df, initial=initial, knee_p=knee_p, fit_knee=fit_knee),
+        device=fit_device(df, initial=initial, knee_p=knee_p, fit_knee=fit_knee, multi_token=multi_token),
         host=fit_host(df),
         error=error,
         valid_range=valid_range(df),

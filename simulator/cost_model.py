@@ -40,6 +40,7 @@ class CostModel:
         "_hs",
         "_inv_p",
         "_k",
+        "_m",
         "_overlap",
         "_p",
         "_q",
@@ -62,6 +63,7 @@ class CostModel:
         self._k = dev.per_ctx_token_s
         self._q = dev.per_attn_pair_s
         self._s = dev.per_seq_s
+        self._m = dev.multi_token_s
         host = profile.host_s
         self._h0 = host.h0_s
         self._hs = host.per_seq_s
@@ -79,9 +81,12 @@ class CostModel:
     # expressions, in the same order, because a method call per term doubles its cost on the hot path.
 
     def _base_s(self, num_seqs: int, num_tokens: int) -> float:
-        """Device time that depends only on sequences and tokens: a0 + smoothmax(W, f·N) + s·B + comm."""
+        """Device time that depends only on sequences and tokens: a0 + smoothmax(W, f·N) + m·[N > 1] + s·B
+        + comm. (With m = 0, the default, adding it changes no bit of the sum.)"""
         knee = (self._w_pow + (self._f * num_tokens) ** self._p) ** self._inv_p
-        return self._a0 + knee + self._s * num_seqs + (self._comm_fixed + self._comm_per_token * num_tokens)
+        multi = self._m if num_tokens > 1 else 0.0
+        return (self._a0 + knee + multi + self._s * num_seqs
+                + (self._comm_fixed + self._comm_per_token * num_tokens))
 
     def _host_s(self, num_seqs: int, num_tokens: int) -> float:
         return self._h0 + self._hs * num_seqs + self._hn * num_tokens
@@ -128,7 +133,7 @@ class CostModel:
                 b = n = padded
         knee = (self._w_pow + (self._f * n) ** self._p) ** self._inv_p
         dev = (
-            self._a0 + knee + self._s * b + (self._comm_fixed + self._comm_per_token * n)
+            self._a0 + knee + (self._m if n > 1 else 0.0) + self._s * b + (self._comm_fixed + self._comm_per_token * n)
             + self._k * shape.decode_context_sum
             + self._q * shape.prefill_attention_pairs
         )

@@ -38,7 +38,7 @@ class ProfileKind(StrEnum):
 
 class DeviceCoefficients(_Frozen):
     """Device (GPU) time of one step: research §4.3,
-    ``a0 + smoothmax(W, f·N) + k·Σctx + q·Σpairs + s·B``."""
+    ``a0 + smoothmax(W, f·N) + m·[N > 1] + k·Σctx + q·Σpairs + s·B``."""
 
     a0_s: float = Field(ge=0)
     """Fixed time of every non-empty step, seconds (kernels whose cost does not scale with the batch)."""
@@ -54,6 +54,11 @@ class DeviceCoefficients(_Frozen):
     """q: seconds per causal attention pair of a prefill chunk (4·d_head·H_q·layers / FLOP rate)."""
     per_seq_s: float = Field(ge=0)
     """s: seconds per sequence in the step (sampling, logits, per-sequence metadata)."""
+    multi_token_s: float = Field(default=0.0, ge=0)
+    """m: extra fixed seconds of a step that runs more than one new token. On CPU a one-token step's
+    matmuls run as matrix-vector kernels, while two or more tokens switch to matrix-matrix kernels that
+    pack the weights first (measured on the small model: batch 1 decode ~12 ms, batch 2 ~20 ms, then
+    ~2.5 ms per extra sequence). 0 (no such step) for GPU and analytic profiles."""
 
 
 class HostCoefficients(_Frozen):

@@ -404,7 +404,8 @@ def build_figures(result: RunResult) -> dict[str, go.Figure]:
 def render_report(result: RunResult) -> str:
     """The whole report as one HTML string (plotly.js inlined once; no network needed to view it)."""
     divs = [
-        fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=div_id, config={"displaylogo": False, "responsive": True})
+        fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=div_id,
+                    config={"displaylogo": False, "responsive": True})
         for i, (div_id, fig) in enumerate(build_figures(result).items())
     ]
 

@@ -160,3 +160,22 @@ def test_figure(result, grid: pd.DataFrame, tmp_path: Path) -> None:
     assert {"decode", "prefill", "mixed", "y = x"} <= names
     path = save_figure(fig, tmp_path / "fit.html")
     assert "<html>" in path.read_text()
+
+
+def test_multi_token_term_recovered_and_off_by_default(grid: pd.DataFrame) -> None:
+    # CPU-like: one-token steps skip a fixed cost that every multi-token step pays.
+    true = TRUE.model_copy(update={"multi_token_s": 2e-3})
+    rng = np.random.default_rng(1)
+    df = grid.assign(device_s=predict_device(true, grid) * np.exp(rng.normal(0.0, 0.01, len(grid))))
+    with_term = fit_timings(df, num_folds=5, seed=0, multi_token=True)
+    assert with_term.device.multi_token_s == pytest.approx(2e-3, rel=0.25)
+    assert with_term.error.mape < 0.03
+    without = fit_timings(df, num_folds=5, seed=0)
+    assert without.device.multi_token_s == 0.0
+    assert without.error.mape > with_term.error.mape
+
+
+def test_multi_token_term_needs_both_kinds_of_step(grid: pd.DataFrame) -> None:
+    # No one-token rows: m is indistinguishable from a0, so it is not fitted (stays 0).
+    multi_only = grid[grid["num_new_tokens"] > 1]
+    assert fit_device(multi_only, multi_token=True).multi_token_s == 0.0

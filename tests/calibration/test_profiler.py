@@ -217,3 +217,15 @@ def test_thread_cpu_clock_splits_by_the_runner_share() -> None:
     timer.start()
     sum(i * i for i in range(10000))
     assert timer.stop() >= 0
+
+
+def test_aggregate_passes_mean_for_a_quiet_host() -> None:
+    from calibration.profiler import aggregate_passes
+
+    df = pd.DataFrame({"point": ["a", "b", "a", "b"], "kind": ["decode"] * 4, "pass_index": [0, 0, 1, 1],
+                       "device_s": [2.0, 1.0, 1.5, 3.0], "cycle_s": [2.1, 1.1, 1.6, 3.1], "num_seqs": [1, 2, 1, 2]})
+    out = aggregate_passes(df, how="mean").set_index("point")
+    assert out.loc["a", "device_s"] == pytest.approx(1.75) and out.loc["a", "cycle_s"] == pytest.approx(1.85)
+    assert out.loc["b", "device_s"] == pytest.approx(2.0) and out.loc["b", "num_seqs"] == 2 and len(out) == 2
+    with pytest.raises(ValueError, match="pass aggregate"):
+        aggregate_passes(df, how="max")

@@ -144,3 +144,25 @@ def test_decode_times_degenerate() -> None:
     assert model.decode_times(4, 100, 0).shape == (0,)
     assert model.decode_total_time(4, 100, 0) == 0.0
     assert model.decode_times(0, 0, 3).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_multi_token_term_defaults_to_zero_and_prices_multi_token_steps() -> None:
+    assert BASE.device_s.multi_token_s == 0.0
+    m = 5e-3
+    plain = CostModel(BASE)
+    multi = CostModel(_profile(device_s=BASE.device_s.model_copy(update={"multi_token_s": m})))
+    # One new token (a batch-1 decode step) never pays it; two or more tokens do, prefill and decode alike.
+    assert multi.step_time(decode(1, 100)) == plain.step_time(decode(1, 100))
+    for shape in (decode(2, 200), decode(64, 6400), prefill(2), prefill(512, 128)):
+        assert multi.step_time(shape) == pytest.approx(plain.step_time(shape) + m, rel=1e-12)
+        assert multi.device_time(shape) == pytest.approx(plain.device_time(shape) + m, rel=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=st.integers(1, 128), ctx=st.integers(0, 200_000), steps=st.integers(1, 32), overlap=st.booleans())
+def test_decode_times_bit_identical_with_multi_token_term(batch: int, ctx: int, steps: int, overlap: bool) -> None:
+    device = BASE.device_s.model_copy(update={"multi_token_s": 7e-3})
+    model = CostModel(_profile(device_s=device, overlap_host=overlap))
+    reference = [model.step_time(decode(batch, ctx + j * batch)) for j in range(steps)]
+    assert model.decode_times(batch, ctx, steps).tolist() == reference
+    assert math.isclose(model.decode_total_time(batch, ctx, steps), sum(reference), rel_tol=1e-12)
