@@ -76,6 +76,8 @@ def _print_front(frame: Any, keys: list[str], latency: str) -> None:
 
 def register(subparsers: Any) -> None:
     """Add ``plan`` and ``sweep`` to the CLI's subparsers."""
+    from simulator.plan import DEFAULT_SEEDS
+
     p = subparsers.add_parser("plan", help="smallest fleet meeting an SLO, one replica's knee, cost, sensitivity")
     p.add_argument("scenario", help="scenario YAML file")
     p.add_argument("--slo", metavar="K=V,...",
@@ -83,7 +85,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-replicas", type=int, default=64, help="give up beyond this many replicas (64)")
     p.add_argument("--search", action="append", metavar="KEY.PATH=V1,V2",
                    help="also try these values of a knob (repeat for a cartesian product); best by cost")
-    p.add_argument("--seeds", type=int, default=3, help="seeds per point, for confidence intervals (3)")
+    p.add_argument("--seeds", type=int, default=DEFAULT_SEEDS,
+                   help=f"seeds per point, for confidence intervals ({DEFAULT_SEEDS})")
     p.add_argument("--load-factor", type=float, default=1.0, help="plan for this multiple of the scenario's load")
     p.add_argument("--variant", help="plan this variant of the scenario (default: the base)")
     p.add_argument("--no-knee", action="store_true", help="skip the one-replica saturation search")
