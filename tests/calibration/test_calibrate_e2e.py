@@ -17,6 +17,7 @@ pytest.importorskip("torch")
 
 from calibration.cli import register
 from simulator.profile import ProfileKind, load_profile
+from simulator.traces import traces_dir
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -25,6 +26,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@pytest.mark.skipif(not traces_dir().is_dir(), reason="shared traces not found (set FLEETSIM_TRACES)")
 def test_calibrate_then_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cpu-tiny-tp1-measured.yaml"
     args = _parse(["calibrate", "--device", "cpu", "--model", "tiny", "--grid", "ci", "--out", str(out),

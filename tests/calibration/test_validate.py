@@ -31,6 +31,7 @@ from simulator.profile import (
     ProfileKind,
     Provenance,
 )
+from simulator.traces import traces_dir
 
 
 def _log(ttft: list[float], e2e: list[float], out: list[int]) -> RequestLog:
@@ -104,6 +105,7 @@ def test_lockstep_engine_matches_simulator() -> None:
     assert done.all()
 
 
+@pytest.mark.skipif(not traces_dir().is_dir(), reason="shared traces not found (set FLEETSIM_TRACES)")
 def test_realtime_smoke(tmp_path: Path) -> None:
     """Real-time replay end to end through ``validate`` (structure only: no timing is asserted)."""
     import json

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from simulator.traces import traces_dir
+
 nbformat = pytest.importorskip("nbformat", reason="nbformat is a dev dependency")
 nbclient = pytest.importorskip("nbclient", reason="nbclient is a dev dependency")
 pytest.importorskip("ipykernel", reason="ipykernel is a dev dependency")
@@ -21,6 +23,7 @@ NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "capacity_plannin
 KERNEL = "fleetsim-test"
 
 
+@pytest.mark.skipif(not traces_dir().is_dir(), reason="shared traces not found (set FLEETSIM_TRACES)")
 def test_capacity_planning_notebook_answers_its_question(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A kernel spec for *this* interpreter, found first on JUPYTER_PATH: a fresh CI venv needs no
     # `ipykernel install`, and a system-wide "python3" kernel of another Python is never picked up.
