@@ -229,14 +229,7 @@ def run_engine_realtime(engine: Any, specs: Sequence[RequestSpec], prompts: Sequ
     t0 = engine.now()
     i, n = 0, len(specs)
     while i < n or engine.has_work:
-        now = engine.now() - t0
-        while i < n and specs[i].arrival_s <= now:
-            spec = specs[i]
-            log.on_arrival(spec.request_id, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, None)
-            if engine.add_request(spec, prompts[i]).status is RequestStatus.REJECTED:
-                log.on_rejected(spec.request_id, spec.arrival_s)
-            run.admitted_at_step[spec.request_id] = len(run.steps)
-            i += 1
+        i = _add_arrivals(engine, specs, prompts, i, engine.now() - t0, run)
         if not engine.has_work:
             time.sleep(max(0.0, specs[i].arrival_s - (engine.now() - t0)))
             continue
@@ -257,6 +250,20 @@ def run_engine_realtime(engine: Any, specs: Sequence[RequestSpec], prompts: Sequ
     return run
 
 
+def _add_arrivals(engine: Any, specs: Sequence[RequestSpec], prompts: Sequence[Sequence[int]], i: int,
+                  now: float, run: EngineRun) -> int:
+    """Hand the engine every request that has arrived by ``now``, from index ``i``; returns the next index."""
+    log = run.log
+    while i < len(specs) and specs[i].arrival_s <= now:
+        spec = specs[i]
+        log.on_arrival(spec.request_id, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, None)
+        if engine.add_request(spec, prompts[i]).status is RequestStatus.REJECTED:
+            log.on_rejected(spec.request_id, spec.arrival_s)
+        run.admitted_at_step[spec.request_id] = len(run.steps)
+        i += 1
+    return i
+
+
 def run_engine_lockstep(engine: Any, specs: Sequence[RequestSpec], prompts: Sequence[Sequence[int]],
                         cost: CostModel, *, progress: bool = True) -> EngineRun:
     """Serve ``specs`` on a virtual clock advanced by ``cost`` per step: a request is added at the step
@@ -269,13 +276,7 @@ def run_engine_lockstep(engine: Any, specs: Sequence[RequestSpec], prompts: Sequ
     i, n = 0, len(specs)
     wall0 = time.perf_counter()
     while i < n or engine.has_work:
-        while i < n and specs[i].arrival_s <= clock:
-            spec = specs[i]
-            log.on_arrival(spec.request_id, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, None)
-            if engine.add_request(spec, prompts[i]).status is RequestStatus.REJECTED:
-                log.on_rejected(spec.request_id, spec.arrival_s)
-            run.admitted_at_step[spec.request_id] = len(run.steps)
-            i += 1
+        i = _add_arrivals(engine, specs, prompts, i, clock, run)
         if not engine.has_work:
             clock = specs[i].arrival_s  # idle: the replica sleeps until the next arrival
             continue
