@@ -15,6 +15,7 @@ import datetime
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from calibration import scale
 from calibration.engine.configs import ModelShape, get_model
 from simulator.errors import ConfigError
 from simulator.profile import (
@@ -156,14 +157,7 @@ def comm_model(hw: Accelerator, shape: ModelShape, nbytes: int, eff: Efficiencie
         bus = hw.nvlink_bidirectional_Bps / 2 * eff.nvlink_allreduce
     else:
         bus = hw.host_link_bidirectional_Bps / 2 * eff.pcie
-    return CommModel(
-        alpha_s=ALLREDUCE_ALPHA_S,
-        bus_bandwidth_Bps=bus,
-        num_allreduce_per_layer=2,
-        num_layers=shape.num_layers,
-        hidden_size=shape.hidden_size,
-        dtype_bytes=nbytes,
-    )
+    return scale.comm_model(shape, shape.tp, alpha_s=ALLREDUCE_ALPHA_S, bus_bandwidth_Bps=bus, dtype_bytes=nbytes)
 
 
 def profile_name(hardware: str, model: str, tp: int) -> str:
