@@ -25,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=None, help="requests/s (default: a moderate load by the profile)")
     parser.add_argument("--mode", choices=("realtime", "lockstep", "both"), default="both")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--pass-aggregate", choices=("min", "mean"), default="mean",
+                        help="how each grid point's passes combine (mean: this benchmark wants a quiet machine)")
     args = parser.parse_args(argv)
 
     from calibration.cli import calibrate
@@ -33,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = args.profile
     if profile is None:
         outputs = calibrate(device="cpu", model=args.model, grid=args.grid, threads=args.threads,
+                            pass_aggregate=args.pass_aggregate, command="python " + " ".join(sys.argv),
                             out=args.out / f"cpu-{args.model}-tp1-measured.yaml")
         err = outputs.profile.fit_error
         print(f"calibrated {outputs.profile_path}: held-out MAPE {err.mape:.2%}, max {err.max_error:.2%}, "

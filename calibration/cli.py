@@ -163,7 +163,7 @@ def calibrate(
     host_from: Literal["engine", "grid"] = "engine",
     clock: Literal["auto", "runner", "thread_cpu"] = "auto",
     multi_token: bool | None = None,
-    pass_aggregate: str = "min",
+    pass_aggregate: str = "mean",
     command: str | None = None,
 ) -> CalibrationOutputs:
     """Profile ``model`` (at ``tp`` shapes) on ``device``, fit, and write a measured profile.
@@ -177,8 +177,9 @@ def calibrate(
 
     ``multi_token``: fit the fixed extra time m of steps with more than one new token (default: on CPU,
     where one-token matmuls run as matrix-vector kernels). ``command``: the command line, recorded in the
-    profile's provenance. ``pass_aggregate``: how each point's passes are combined (``min``: least
-    disturbed, for a shared host; ``mean``: for a quiet one; see ``profiler.aggregate_passes``).
+    profile's provenance. ``pass_aggregate``: how each point's passes are combined (``mean``: default, the
+    engine later runs at the average speed; ``min``: least disturbed, for a host shared with other jobs;
+    see ``profiler.aggregate_passes``).
     """
     import torch
 
@@ -424,8 +425,9 @@ def register(subparsers: Any) -> None:
                    help="auto: thread CPU time on CPU with one torch thread, else the runner's clocks")
     p.add_argument("--host-from", choices=("engine", "grid"), default="engine",
                    help="fit host overhead on engine steps (scheduler included) or on the grid's forced steps")
-    p.add_argument("--pass-aggregate", choices=("min", "mean"), default="min",
-                   help="combine each grid point's passes: min (least disturbed; shared host) or mean (quiet host)")
+    p.add_argument("--pass-aggregate", choices=("min", "mean"), default="mean",
+                   help="combine each grid point's passes: mean (the engine runs at the average speed, not the "
+                        "best) or min (least disturbed pass, for a host shared with other jobs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_calibrate)

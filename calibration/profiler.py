@@ -253,8 +253,8 @@ def cpu_grid() -> Grid:
         *[mixed_point(b, c, n) for b, c, n in ((1, 256, 128), (2, 256, 256), (3, 384, 509), (1, 128, 32))],
         mixed_point(2, 256, 128, 256),
     ]
-    # Two passes in fresh random orders: on a shared host other processes only ever add time, so the
-    # fit reads each point's least-disturbed pass (``aggregate_passes``).
+    # Two passes in fresh random orders, minutes apart: `fleetsim calibrate` fits the mean of the two
+    # (the engine later runs at the host's average speed; ``aggregate_passes``).
     return Grid("cpu", "small", tuple(points),
                 RepeatPolicy(num_warmup=2, num_repeats=7, min_repeats=4, budget_s=0.4), num_passes=2,
                 description="CPU calibration grid on the small model")
