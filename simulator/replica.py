@@ -15,7 +15,7 @@ import simpy
 
 from simulator.core.config import Batching, SchedulerConfig
 from simulator.core.decode_run import DecodeRun
-from simulator.core.request import RequestSpec, RequestStatus
+from simulator.core.request import Request, RequestSpec, RequestStatus
 from simulator.core.scheduler import Scheduler
 from simulator.cost_model import CostModel
 from simulator.metrics import ReplicaSeries, RequestLog
@@ -167,10 +167,13 @@ class Replica:
                     yield env.timeout(float(ends[run.num_steps - 1]) - env.now)
                 except simpy.Interrupt:
                     continue  # already cut: later arrivals just wait for this step to end
-        active.close()
+        finished = active.close()
         self._run_state = None
-        run.finish()
         k = run.num_steps
+        if finished:
+            delivered = float(ends[k - 1]) + self.network_latency_s
+            for request in finished:
+                self.log.on_finish(request.request_id, delivered, request.num_cached_tokens, request.num_preemptions)
         self.num_steps += k
         self.num_fast_steps += k
         self.busy_s += float(times[:k].sum())
@@ -205,14 +208,15 @@ class _ActiveRun:
         self._sample_until(target - 1)
         run.advance_to(target)
 
-    def close(self) -> None:
-        """Apply and sample every step of the (possibly truncated) run."""
+    def close(self) -> list[Request]:
+        """Apply and sample every step of the (possibly truncated) run; returns the requests its last
+        step finished (retired before that step is sampled, as ``update`` precedes the sample)."""
         last = self.run.num_steps
         self.advance(self.ends[last - 1])
         self._sample_until(last - 1)
-        self.run.advance_to(last)
-        if self.num_sampled < last:
-            self._sample(last)
+        finished = self.run.finish()
+        self._sample(last)
+        return finished
 
     def _sample_until(self, last: int) -> None:
         """Sample steps up to ``last`` — only those whose state a grid point will record: a step is

@@ -1,12 +1,13 @@
 """A run of identical decode steps, advanced in bulk: the simulator's fast path (DESIGN §6).
 
 Between changes of batch composition every step is the same: each running request decodes one token,
-nobody finishes, nothing is admitted, no allocation fails. ``Scheduler.steady_decode_steps()`` says how
-many such steps lie ahead; a ``DecodeRun`` then applies them without building k step plans. The
-per-request token counters are updated once at the end (O(batch)); the only per-step work replayed is the
-KV manager's, and only on the steps where a request crosses a block boundary — through the very same
-``KVManager.allocate`` call, in the same order the step-by-step path makes it — so block ids, prefix-cache
-contents and evictions are identical to running the steps one by one (a test holds both paths to that).
+nothing is admitted, no allocation fails, and requests finish only at the run's last step.
+``Scheduler.steady_decode_steps()`` says how many such steps lie ahead; a ``DecodeRun`` then applies them
+without building k step plans. The per-request token counters are updated once at the end (O(batch)); the
+only per-step work replayed is the KV manager's, and only on the steps where a request crosses a block
+boundary — through the very same ``KVManager.allocate`` call, in the same order the step-by-step path
+makes it — so block ids, prefix-cache contents and evictions are identical to running the steps one by one
+(a test holds both paths to that).
 
 Standard library only.
 """
@@ -83,8 +84,10 @@ class DecodeRun:
             request.num_computed_tokens = self._computed0[index] + step
             request.num_output_tokens = self._output0[index] + step
 
-    def finish(self) -> None:
-        """Apply the remaining steps and leave every request as the step-by-step path would."""
+    def finish(self) -> list[Request]:
+        """Apply the remaining steps and leave every request as the step-by-step path would, finishing
+        those whose last token the run's last step produced. Returns them, in running order."""
         self.advance_to(self.num_steps)
         self.set_counters(self.num_steps)
         self.scheduler.account_steps(self.num_steps)
+        return self.scheduler.retire_finished(self.requests)

@@ -166,11 +166,24 @@ class Scheduler:
                 request.num_output_tokens >= request.max_output_tokens
                 or request.request_id in stopped_ids
             ):
-                request.status = RequestStatus.FINISHED
-                self.kv.free(request)
-                del self.requests[request.request_id]
+                self._finish(request)
                 finished.append(request)
                 plan.finished_ids.append(request.request_id)
+        if finished:
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        return finished
+
+    def _finish(self, request: Request) -> None:
+        request.status = RequestStatus.FINISHED
+        self.kv.free(request)
+        del self.requests[request.request_id]
+
+    def retire_finished(self, requests: list[Request]) -> list[Request]:
+        """Finish, in the order given, every request that has produced its last output token (the end of
+        a decode run, whose last step is the one ``update`` would finish them in). Returns them."""
+        finished = [r for r in requests if r.num_output_tokens >= r.max_output_tokens]
+        for request in finished:
+            self._finish(request)
         if finished:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return finished
@@ -179,7 +192,9 @@ class Scheduler:
 
     def steady_decode_steps(self) -> int:
         """Steps ahead in which the batch cannot change: every running request decodes one token, none
-        finishes, none is admitted, no allocation fails. 0 when the next step is not such a step.
+        is admitted, no allocation fails, and none finishes before the last of them (the run ends with the
+        step that finishes the first request(s), which ``retire_finished`` closes as ``update`` would).
+        0 when the next step is not such a step.
 
         The simulator advances that many steps in one event (``DecodeRun``); arrivals that could change
         the answer (a waiting request the scheduler would try to admit) cut the run short.
@@ -197,7 +212,6 @@ class Scheduler:
             remaining = request.max_output_tokens - request.num_output_tokens
             if remaining < steps:
                 steps = remaining
-        steps -= 1  # the step that finishes a request is taken step by step
         if steps < 2:
             return 0
         if cfg.kv_policy is not KVPolicy.PAGED:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import simulator.core.decode_run as decode_run
+from simulator.core.request import Request
 from simulator.fleet import run
 from simulator.scenario import load_mapping
 
@@ -48,9 +49,9 @@ def test_fast_path_matches_step_by_step(case: str, monkeypatch: pytest.MonkeyPat
     runs = []
     finish = decode_run.DecodeRun.finish
 
-    def counting_finish(self: decode_run.DecodeRun) -> None:
+    def counting_finish(self: decode_run.DecodeRun) -> list[Request]:
         runs.append(self.num_steps)
-        finish(self)
+        return finish(self)
 
     monkeypatch.setattr(decode_run.DecodeRun, "finish", counting_finish)
     results = {}

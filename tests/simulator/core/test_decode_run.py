@@ -78,9 +78,9 @@ def test_a_run_needs_a_steady_batch() -> None:
     sched.add_request(RequestSpec(0, 0.0, 10, 20))
     assert sched.steady_decode_steps() == 0  # the prompt is not computed yet
     sched.update(sched.schedule())
-    assert sched.steady_decode_steps() == 18  # 19 outputs left; the finishing step goes alone
+    assert sched.steady_decode_steps() == 19  # 19 outputs left; the run's last step finishes it
     sched.add_request(RequestSpec(1, 0.0, 10, 5))
     assert sched.steady_decode_steps() == 0  # a waiting request the next step would admit
     sched.update(sched.schedule())
     sched.add_request(RequestSpec(2, 0.0, 10, 5))
-    assert sched.steady_decode_steps() == 3  # batch full (max_num_seqs): the arrival cannot enter
+    assert sched.steady_decode_steps() == 4  # batch full (max_num_seqs): the arrival cannot enter
