@@ -1,92 +1,39 @@
-"""Block pool: pre-allocated KV blocks with reference counts, an LRU free queue and a prefix-cache index.
+"""Block pool: KV blocks (plain integer ids) with reference counts, an LRU free queue and a prefix-cache index.
 
 Invariants (tested by a hypothesis state machine):
-- every block is either referenced (``ref_cnt > 0``) or in the free queue, never both;
+- every block is either referenced (``ref_count > 0``) or in the free queue, never both;
 - free blocks + referenced blocks = all blocks;
 - a block keeps its hash after it is freed and stays findable until it is popped for reuse: eviction
   happens only then (lazy eviction), so the free queue's order IS the eviction order;
 - the queue is ordered by the time blocks were freed (LRU at the head); a request frees its blocks in
   reverse order, so its tail blocks (longest prefixes, least likely to be shared) are evicted first.
 
+Blocks are ints, not objects: a replica hands out and frees tens of blocks per request, and a simulated
+fleet does so millions of times. Per-block state lives in flat lists indexed by block id, which grow only
+as blocks are first handed out (a pool of a million blocks costs nothing until it is used).
+
 The pool knows nothing about requests or scheduling. Standard library only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Iterable
 
-
-class Block:
-    """One physical KV block. ``prev``/``next`` link it into the free queue while it is free."""
-
-    __slots__ = ("block_hash", "block_id", "next", "prev", "ref_cnt")
-
-    def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
-        self.ref_cnt = 0
-        self.block_hash: int | None = None
-        self.prev: Block | None = None
-        self.next: Block | None = None
-
-    def __repr__(self) -> str:
-        return f"Block({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
-
-
-class FreeBlockQueue:
-    """Intrusive doubly linked list of free blocks: O(1) pop from the head, append, and removal from
-    the middle (a prefix hit on a free cached block takes it out of the queue)."""
-
-    def __init__(self, blocks: Iterable[Block]) -> None:
-        self._head = Block(-1)  # sentinels keep the link updates branch-free
-        self._tail = Block(-1)
-        self._head.next = self._tail
-        self._tail.prev = self._head
-        self._len = 0
-        for block in blocks:
-            self.append(block)
-
-    def __len__(self) -> int:
-        return self._len
-
-    def popleft(self) -> Block:
-        block = self._head.next
-        if block is self._tail or block is None:
-            raise IndexError("no free blocks")
-        self.remove(block)
-        return block
-
-    def append(self, block: Block) -> None:
-        last = self._tail.prev
-        assert last is not None
-        last.next = block
-        block.prev = last
-        block.next = self._tail
-        self._tail.prev = block
-        self._len += 1
-
-    def remove(self, block: Block) -> None:
-        prev, nxt = block.prev, block.next
-        if prev is None or nxt is None:
-            raise ValueError(f"{block} is not in the free queue")
-        prev.next = nxt
-        nxt.prev = prev
-        block.prev = block.next = None
-        self._len -= 1
-
-    def __iter__(self) -> Iterator[Block]:
-        block = self._head.next
-        while block is not None and block is not self._tail:
-            yield block
-            block = block.next
+_COMPACT_SLACK = 1024
+"""Stale free-queue entries tolerated beyond the live ones before the queue is rebuilt without them."""
 
 
 class BlockPool:
     """All KV blocks of one replica, the free queue, and the hash -> block index of the prefix cache.
 
     The free order starts as all blocks in id order; a freed block goes to the tail. Blocks never handed
-    out therefore always sit at the head, in id order, and are created lazily the first time they are
-    handed out: a pool of a million blocks costs nothing until it is used (a 64-replica fleet would
-    otherwise build tens of millions of objects before its first step).
+    out therefore always sit at the head, in id order (ids ``num_handed_out`` and above).
+
+    The freed part of the queue is a deque of block ids. A prefix hit on a free cached block takes it out
+    of the middle of the queue; rather than search the deque, the entry is left in place and skipped when
+    it reaches the head (lazy deletion): an entry is live when its block is free and it is the block's
+    most recent entry (``_entries`` counts each block's entries in the deque).
 
     One block per hash: if two requests compute the same block concurrently, the second copy is simply
     not indexed (vLLM keeps duplicates; a duplicate can never be found by a later lookup that the first
@@ -98,86 +45,138 @@ class BlockPool:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
-        self._created: list[Block] = []
-        self._next_fresh = 0
-        """Blocks with this id or above were never handed out: the head of the free order."""
-        self._freed = FreeBlockQueue(())
-        """Blocks handed out and freed since, in the order they were freed (after the fresh ones)."""
-        self.cached: dict[int, Block] = {}
+        self.ref_cnt: list[int] = []
+        """Reference count of each block handed out so far (index = block id; later ids are all 0)."""
+        self._entries: list[int] = []
+        """Entries of each block in ``_freed`` (lazy deletion); kept only with caching, the one user of
+        removal from the middle."""
+        self._freed: deque[int] = deque()
+        """Blocks handed out and freed since, in the order they were freed (after the never-used ones)."""
+        self._num_freed = 0
+        """Live entries of ``_freed``."""
+        self._hash_of: dict[int, int] = {}
+        """Block id -> the hash it is indexed under."""
+        self.cached: dict[int, int] = {}
+        """Hash -> block id: the prefix-cache index."""
         self.num_evictions = 0
+
+    @property
+    def num_handed_out(self) -> int:
+        """Blocks ever handed out; ids at and above this one were never used."""
+        return len(self.ref_cnt)
 
     @property
     def num_free(self) -> int:
         """Blocks that can be handed out now, including cached blocks nobody references (evictable)."""
-        return self.num_blocks - self._next_fresh + len(self._freed)
+        return self.num_blocks - len(self.ref_cnt) + self._num_freed
 
     @property
     def num_used(self) -> int:
-        return self._next_fresh - len(self._freed)
+        return len(self.ref_cnt) - self._num_freed
+
+    def ref_count(self, block_id: int) -> int:
+        return self.ref_cnt[block_id] if block_id < len(self.ref_cnt) else 0
+
+    def block_hash(self, block_id: int) -> int | None:
+        """The hash a block is indexed under (it keeps it while free, until it is popped for reuse)."""
+        return self._hash_of.get(block_id)
 
     @property
-    def blocks(self) -> list[Block]:
-        """Every block, by id (creates the ones never used: for tests and invariant checks)."""
-        self._block(self.num_blocks - 1)
-        return self._created
-
-    @property
-    def free_queue(self) -> Iterable[Block]:
+    def free_queue(self) -> list[int]:
         """The free blocks in eviction order (head first)."""
-        return [self._block(i) for i in range(self._next_fresh, self.num_blocks)] + list(self._freed)
+        later: dict[int, int] = {}
+        for block_id in self._freed:
+            later[block_id] = later.get(block_id, 0) + 1
+        live = []
+        ref = self.ref_cnt
+        for block_id in self._freed:
+            later[block_id] -= 1
+            if later[block_id] == 0 and ref[block_id] == 0:
+                live.append(block_id)
+        return list(range(len(ref), self.num_blocks)) + live
 
-    def _block(self, block_id: int) -> Block:
-        created = self._created
-        if len(created) <= block_id:
-            created.extend(Block(i) for i in range(len(created), block_id + 1))
-        return created[block_id]
-
-    def get_cached_block(self, block_hash: int) -> Block | None:
+    def get_cached_block(self, block_hash: int) -> int | None:
         return self.cached.get(block_hash)
 
-    def get_new_blocks(self, num_blocks: int) -> list[Block]:
+    def get_new_blocks(self, num_blocks: int) -> list[int]:
         """Pop blocks from the head of the free order (least recently freed first), evicting their hashes."""
         if num_blocks > self.num_free:
             raise ValueError(f"asked for {num_blocks} blocks, {self.num_free} free")
-        out: list[Block] = []
-        num_fresh = min(num_blocks, self.num_blocks - self._next_fresh)
+        ref = self.ref_cnt
+        start = len(ref)
+        num_fresh = min(num_blocks, self.num_blocks - start)
+        out = list(range(start, start + num_fresh))
         if num_fresh:
-            start = self._next_fresh
-            self._block(start + num_fresh - 1)
-            out = self._created[start : start + num_fresh]
-            for block in out:
-                block.ref_cnt = 1
-            self._next_fresh += num_fresh
-        for _ in range(num_blocks - num_fresh):
-            block = self._freed.popleft()
-            if block.block_hash is not None:
-                del self.cached[block.block_hash]
-                block.block_hash = None
+            ref.extend([1] * num_fresh)
+            if self.enable_caching:
+                self._entries.extend([0] * num_fresh)
+        remaining = num_blocks - num_fresh
+        if not remaining:
+            return out
+        self._num_freed -= remaining
+        freed = self._freed
+        if not self.enable_caching:  # no hits, so no stale entries and no hashes
+            for _ in range(remaining):
+                block_id = freed.popleft()
+                ref[block_id] = 1
+                out.append(block_id)
+            return out
+        entries = self._entries
+        hash_of = self._hash_of
+        while remaining:
+            block_id = freed.popleft()
+            entries[block_id] -= 1
+            if entries[block_id] or ref[block_id]:
+                continue  # a stale entry: the block was taken by a hit, or freed again later
+            block_hash = hash_of.pop(block_id, None)
+            if block_hash is not None:
+                del self.cached[block_hash]
                 self.num_evictions += 1
-            block.ref_cnt = 1
-            out.append(block)
+            ref[block_id] = 1
+            out.append(block_id)
+            remaining -= 1
         return out
 
-    def touch(self, blocks: Iterable[Block]) -> None:
+    def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on prefix-hit blocks; a free one leaves the queue (it is no longer evictable)."""
-        for block in blocks:
-            if block.ref_cnt == 0:
-                self._freed.remove(block)
-            block.ref_cnt += 1
+        ref = self.ref_cnt
+        for block_id in blocks:
+            if ref[block_id] == 0:
+                self._num_freed -= 1  # its queue entry goes stale
+            ref[block_id] += 1
+        if len(self._freed) > 2 * self._num_freed + _COMPACT_SLACK:
+            self._compact()
 
-    def free_blocks(self, blocks: Iterable[Block]) -> None:
+    def free_blocks(self, blocks: Iterable[int]) -> None:
         """Drop one reference from each block, in the order given; blocks reaching zero go to the tail."""
-        for block in blocks:
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                self._freed.append(block)
-            elif block.ref_cnt < 0:
-                raise AssertionError(f"{block} freed more often than referenced")
+        ref = self.ref_cnt
+        freed = self._freed
+        entries = self._entries if self.enable_caching else None
+        for block_id in blocks:
+            count = ref[block_id] - 1
+            ref[block_id] = count
+            if count == 0:
+                freed.append(block_id)
+                self._num_freed += 1
+                if entries is not None:
+                    entries[block_id] += 1
+            elif count < 0:
+                raise AssertionError(f"block {block_id} freed more often than referenced")
 
-    def cache_block(self, block: Block, block_hash: int) -> None:
+    def cache_block(self, block_id: int, block_hash: int) -> None:
         """Index a full, computed block under its chained hash (first copy wins)."""
-        if not self.enable_caching or block.block_hash is not None:
+        if not self.enable_caching or block_id in self._hash_of:
             return
         if block_hash not in self.cached:
-            self.cached[block_hash] = block
-            block.block_hash = block_hash
+            self.cached[block_hash] = block_id
+            self._hash_of[block_id] = block_hash
+
+    def _compact(self) -> None:
+        """Rebuild the freed queue from its live entries, in order (stale entries only cost memory)."""
+        live = self.free_queue[self.num_blocks - len(self.ref_cnt):]
+        entries = self._entries
+        for block_id in self._freed:
+            entries[block_id] = 0
+        for block_id in live:
+            entries[block_id] = 1
+        self._freed = deque(live)

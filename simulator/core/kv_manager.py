@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from simulator.core.block_pool import Block, BlockPool
+from simulator.core.block_pool import BlockPool
 from simulator.core.request import Request
 
 
@@ -55,7 +55,8 @@ class KVManager:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.pool = BlockPool(num_blocks, enable_caching=enable_caching)
-        self.req_blocks: dict[int, list[Block]] = {}
+        self.req_blocks: dict[int, list[int]] = {}
+        """Block table (block ids, in token order) of each request holding KV."""
         self._num_cached: dict[int, int] = {}
         """Leading blocks of each request already indexed in the prefix cache."""
         self.num_hit_tokens = 0
@@ -67,7 +68,7 @@ class KVManager:
     def num_free_blocks(self) -> int:
         return self.pool.num_free
 
-    def get_computed_blocks(self, request: Request) -> list[Block]:
+    def get_computed_blocks(self, request: Request) -> list[int]:
         """Blocks holding the longest cached prefix of the request: whole blocks, capped at tokens − 1
         (the last token is always recomputed so that the step produces its logits)."""
         if not self.enable_caching or not request.block_hashes:
@@ -106,9 +107,9 @@ class KVManager:
         self,
         request: Request,
         num_new_tokens: int,
-        new_computed_blocks: Sequence[Block] = (),
+        new_computed_blocks: Sequence[int] = (),
         reserve_tokens: int = 0,
-    ) -> list[Block] | None:
+    ) -> list[int] | None:
         """Slots for ``num_new_tokens`` more tokens (after ``new_computed_blocks``, a prefix hit taken on
         admission), and for at least ``reserve_tokens`` tokens in all (contiguous and reserve policies
         allocate their whole reservation up front). Returns the fresh blocks, or None if they do not fit;
@@ -124,7 +125,11 @@ class KVManager:
                 return []
         num_new = self.num_blocks_needed(request, num_new_tokens, len(new_computed_blocks), reserve_tokens)
         # Hit blocks nobody references sit in the free queue: taking them consumes free capacity too.
-        evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if new_computed_blocks:
+            ref = self.pool.ref_cnt
+            evictable_hits = sum(1 for b in new_computed_blocks if ref[b] == 0)
+        else:
+            evictable_hits = 0
         if num_new + evictable_hits > self.pool.num_free:
             return None
         blocks = self.req_blocks.setdefault(rid, [])
@@ -137,7 +142,7 @@ class KVManager:
             self._cache_full_blocks(request, blocks, num_new_tokens, len(new_computed_blocks))
         return new_blocks
 
-    def _cache_full_blocks(self, request: Request, blocks: list[Block], num_new_tokens: int,
+    def _cache_full_blocks(self, request: Request, blocks: list[int], num_new_tokens: int,
                            num_hit_blocks: int) -> None:
         # Index every block that is full once this step's tokens are computed (optimistic, as vLLM: the
         # step that computes them runs before any later lookup can be served).
@@ -164,10 +169,10 @@ class KVManager:
         if not blocks:
             return []
         self.pool.free_blocks(reversed(blocks))
-        return [b.block_id for b in blocks]
+        return blocks
 
     def block_ids(self, request_id: int) -> list[int]:
-        return [b.block_id for b in self.req_blocks.get(request_id, ())]
+        return list(self.req_blocks.get(request_id, ()))
 
     def num_held_blocks(self, request_id: int) -> int:
         return len(self.req_blocks.get(request_id, ()))

@@ -65,12 +65,12 @@ def assert_blocks_consistent(replica: Replica) -> None:
     exactly the unreferenced blocks; used + free = the pool."""
     kv = replica.scheduler.kv
     pool = kv.pool
-    references = Counter(block.block_id for blocks in kv.req_blocks.values() for block in blocks)
-    for block in pool.blocks:
-        assert block.ref_cnt == references.get(block.block_id, 0), block
-    free_ids = [block.block_id for block in pool.free_queue]
+    references = Counter(block for blocks in kv.req_blocks.values() for block in blocks)
+    for block in range(pool.num_blocks):
+        assert pool.ref_count(block) == references.get(block, 0), block
+    free_ids = pool.free_queue
     assert len(free_ids) == len(set(free_ids)) == pool.num_free
-    assert set(free_ids) == {b.block_id for b in pool.blocks if b.ref_cnt == 0}
+    assert set(free_ids) == {b for b in range(pool.num_blocks) if pool.ref_count(b) == 0}
     assert pool.num_used + pool.num_free == pool.num_blocks
     assert pool.num_used == len(references)
     holders = {r.request_id for r in replica.scheduler.running}
@@ -114,7 +114,7 @@ def test_drained_run_completes_everything_and_frees_every_block(case: str) -> No
         assert scheduler.kv.req_blocks == {} or all(not b for b in scheduler.kv.req_blocks.values())
         pool = scheduler.kv.pool
         assert pool.num_free == pool.num_blocks, f"replica {replica.replica_id} leaked {pool.num_used} blocks"
-        assert all(block.ref_cnt == 0 for block in pool.blocks)
+        assert all(pool.ref_count(block) == 0 for block in range(pool.num_blocks))
         assert scheduler.num_host_blocks_used == 0
         assert_blocks_consistent(replica)
 

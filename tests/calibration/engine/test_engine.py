@@ -107,14 +107,14 @@ def make_config(batching: Batching, kv: KVPolicy, preemption: Preemption, *, num
 def check_block_pool(scheduler: Scheduler) -> None:
     """free + used = total; ref counts = block-table references; the free queue = the ref-0 blocks."""
     pool = scheduler.kv.pool
-    free_ids = [b.block_id for b in pool.free_queue]
+    free_ids = pool.free_queue
     assert len(free_ids) == len(set(free_ids)), "a block is twice in the free queue"
-    used = [b for b in pool.blocks if b.ref_cnt > 0]
+    used = [b for b in range(pool.num_blocks) if pool.ref_count(b) > 0]
     assert len(free_ids) + len(used) == pool.num_blocks
-    refs = Counter(b.block_id for blocks in scheduler.kv.req_blocks.values() for b in blocks)
-    assert {b.block_id: b.ref_cnt for b in pool.blocks if b.ref_cnt} == dict(refs)
-    assert set(free_ids) == {b.block_id for b in pool.blocks if b.ref_cnt == 0}
-    assert all(b.block_hash == h for h, b in pool.cached.items())
+    refs = Counter(b for blocks in scheduler.kv.req_blocks.values() for b in blocks)
+    assert {b: r for b, r in enumerate(pool.ref_cnt) if r} == dict(refs)
+    assert set(free_ids) == {b for b in range(pool.num_blocks) if pool.ref_count(b) == 0}
+    assert all(pool.block_hash(b) == h for h, b in pool.cached.items())
     for request in scheduler.running:  # every running request's table covers its computed tokens
         assert scheduler.kv.num_held_blocks(request.request_id) * BLOCK_SIZE >= request.num_computed_tokens
 

@@ -13,11 +13,11 @@ def test_free_order_is_lru_and_reverse_within_a_request() -> None:
     pool = BlockPool(6)
     a = pool.get_new_blocks(3)  # ids 0 1 2
     b = pool.get_new_blocks(2)  # ids 3 4
-    assert [blk.block_id for blk in pool.free_queue] == [5]
+    assert pool.free_queue == [5]
     pool.free_blocks(reversed(b))
     pool.free_blocks(reversed(a))
     # Freed later = evicted later; within a request the tail block goes first.
-    assert [blk.block_id for blk in pool.free_queue] == [5, 4, 3, 2, 1, 0]
+    assert pool.free_queue == [5, 4, 3, 2, 1, 0]
 
 
 def test_cached_block_is_evicted_only_when_popped() -> None:
@@ -25,12 +25,33 @@ def test_cached_block_is_evicted_only_when_popped() -> None:
     (blk,) = pool.get_new_blocks(1)
     pool.cache_block(blk, 111)
     pool.free_blocks([blk])
-    assert pool.get_cached_block(111) is blk  # freed but still findable
+    assert pool.get_cached_block(111) == blk  # freed but still findable
     pool.get_new_blocks(1)  # pops block 1, the older free block
-    assert pool.get_cached_block(111) is blk
+    assert pool.get_cached_block(111) == blk
     pool.get_new_blocks(1)  # pops block 0: now the hash is gone
     assert pool.get_cached_block(111) is None
     assert pool.num_evictions == 1
+
+
+def test_hits_on_free_blocks_leave_no_unbounded_trail() -> None:
+    """A prefix hit takes a free block out of the middle of the queue by leaving a stale entry behind;
+    a block hit and freed again and again (a shared system prompt on a quiet replica) must not grow the
+    queue without bound, and the eviction order must stay exact."""
+    pool = BlockPool(8)
+    shared = pool.get_new_blocks(2)
+    for i, block in enumerate(shared):
+        pool.cache_block(block, 100 + i)
+    other = pool.get_new_blocks(1)
+    pool.free_blocks(reversed(shared))
+    pool.free_blocks(other)
+    for _ in range(5000):
+        hits = [pool.get_cached_block(100), pool.get_cached_block(101)]
+        pool.touch(hits)
+        pool.free_blocks(reversed(hits))
+    assert len(pool._freed) < 2 * pool.num_free + 2048
+    assert pool.free_queue == [3, 4, 5, 6, 7, other[0], shared[1], shared[0]]
+    assert pool.get_new_blocks(8)[-3:] == [other[0], shared[1], shared[0]]
+    assert pool.num_evictions == 2 and not pool.cached
 
 
 def test_prefix_hit_capped_below_the_last_token() -> None:
@@ -40,9 +61,9 @@ def test_prefix_hit_capped_below_the_last_token() -> None:
     kv.free(first)
     same = Request(RequestSpec(1, 0.0, 8, 1, block_hashes=(10, 11)))
     # 8 tokens, both blocks cached, but the last token must be recomputed: one block hits.
-    assert [b.block_hash for b in kv.get_computed_blocks(same)] == [10]
+    assert [kv.pool.block_hash(b) for b in kv.get_computed_blocks(same)] == [10]
     longer = Request(RequestSpec(2, 0.0, 9, 1, block_hashes=(10, 11)))
-    assert [b.block_hash for b in kv.get_computed_blocks(longer)] == [10, 11]
+    assert [kv.pool.block_hash(b) for b in kv.get_computed_blocks(longer)] == [10, 11]
 
 
 class BlockPoolMachine(RuleBasedStateMachine):
@@ -62,7 +83,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
             return
         blocks = self.pool.get_new_blocks(n)
         expected, self.model_queue = self.model_queue[:n], self.model_queue[n:]
-        assert [b.block_id for b in blocks] == expected  # popped from the LRU head
+        assert blocks == expected  # popped from the LRU head
         for bid in expected:
             self.model_cache = {h: b for h, b in self.model_cache.items() if b != bid}
         self.holders.append(expected)
@@ -71,7 +92,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def free(self, data: st.DataObject) -> None:
         holder = self.holders.pop(data.draw(st.integers(0, len(self.holders) - 1)))
-        self.pool.free_blocks(self.pool.blocks[i] for i in reversed(holder))
+        self.pool.free_blocks(reversed(holder))
         for bid in reversed(holder):
             if self._refs(bid) == 0:
                 self.model_queue.append(bid)
@@ -81,9 +102,8 @@ class BlockPoolMachine(RuleBasedStateMachine):
     def cache(self, data: st.DataObject) -> None:
         holder = data.draw(st.sampled_from(self.holders))
         bid = data.draw(st.sampled_from(holder))
-        block = self.pool.blocks[bid]
-        if block.block_hash is None:
-            self.pool.cache_block(block, self.next_hash)
+        if self.pool.block_hash(bid) is None:
+            self.pool.cache_block(bid, self.next_hash)
             self.model_cache[self.next_hash] = bid
             self.next_hash += 1
 
@@ -92,26 +112,27 @@ class BlockPoolMachine(RuleBasedStateMachine):
     def hit(self, data: st.DataObject) -> None:
         block_hash = data.draw(st.sampled_from(sorted(self.model_cache)))
         block = self.pool.get_cached_block(block_hash)
-        assert block is not None and block.block_id == self.model_cache[block_hash]
-        if block.ref_cnt == 0:
-            self.model_queue.remove(block.block_id)
+        assert block is not None and block == self.model_cache[block_hash]
+        if self.pool.ref_count(block) == 0:
+            self.model_queue.remove(block)
         self.pool.touch([block])
-        self.holders.append([block.block_id])
+        self.holders.append([block])
 
     def _refs(self, bid: int) -> int:
         return sum(h.count(bid) for h in self.holders)
 
     @invariant()
     def conserved_and_consistent(self) -> None:
-        queue_ids = [b.block_id for b in self.pool.free_queue]
+        queue_ids = self.pool.free_queue
         assert queue_ids == self.model_queue  # LRU order as documented
         assert len(queue_ids) == self.pool.num_free
-        referenced = [b for b in self.pool.blocks if b.ref_cnt > 0]
+        referenced = [b for b in range(self.pool.num_blocks) if self.pool.ref_count(b) > 0]
         assert len(referenced) + self.pool.num_free == self.pool.num_blocks
-        assert not {b.block_id for b in referenced} & set(queue_ids)
-        for block in self.pool.blocks:
-            assert block.ref_cnt == self._refs(block.block_id)
-        assert {h: b.block_id for h, b in self.pool.cached.items()} == self.model_cache
+        assert not set(referenced) & set(queue_ids)
+        for block in range(self.pool.num_blocks):
+            assert self.pool.ref_count(block) == self._refs(block)
+        assert self.pool.cached == self.model_cache
+        assert all(self.pool.block_hash(b) == h for h, b in self.pool.cached.items())
 
 
 TestBlockPool = BlockPoolMachine.TestCase
@@ -141,7 +162,7 @@ class KVManagerMachine(RuleBasedStateMachine):
         expected = 0
         while expected < min(len(hashes), (prompt - 1) // self.BS) and hashes[expected] in self.kv.pool.cached:
             expected += 1
-        assert [b.block_hash for b in hits] == list(hashes[:expected])
+        assert [self.kv.pool.block_hash(b) for b in hits] == list(hashes[:expected])
         chunk = min(prompt - len(hits) * self.BS, 1 + prefix * 3)
         if self.kv.allocate(req, chunk, hits) is None:
             return
@@ -172,13 +193,13 @@ class KVManagerMachine(RuleBasedStateMachine):
             table = self.kv.req_blocks.get(req.request_id, [])
             assert len(table) * self.BS >= req.num_computed_tokens
             for block in table:
-                counts[block.block_id] += 1
-        assert [b.ref_cnt for b in pool.blocks] == counts
+                counts[block] += 1
+        assert [pool.ref_count(b) for b in range(pool.num_blocks)] == counts
         assert pool.num_free + sum(1 for c in counts if c) == pool.num_blocks
         stats = self.kv.stats(list(self.live.values()))
         assert stats.num_used_blocks == sum(1 for c in counts if c)
         for block_hash, block in pool.cached.items():
-            assert block.block_hash == block_hash
+            assert pool.block_hash(block) == block_hash
 
 
 TestKVManager = KVManagerMachine.TestCase

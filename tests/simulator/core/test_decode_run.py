@@ -14,9 +14,9 @@ def _state(sched: Scheduler) -> tuple[object, ...]:
     return (
         sched.num_steps,
         [(r.request_id, r.num_computed_tokens, r.num_output_tokens, r.status) for r in sched.running],
-        {rid: [b.block_id for b in blocks] for rid, blocks in sched.kv.req_blocks.items()},
-        [b.block_id for b in pool.free_queue],
-        {h: b.block_id for h, b in pool.cached.items()},
+        {rid: list(blocks) for rid, blocks in sched.kv.req_blocks.items()},
+        pool.free_queue,
+        dict(pool.cached),
         pool.num_evictions,
     )
 
