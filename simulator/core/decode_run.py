@@ -63,7 +63,22 @@ class DecodeRun:
     def advance_to(self, step: int) -> None:
         """Apply the KV work of steps ``num_done + 1 .. step`` in step order, running order within a step."""
         step = min(step, self.num_steps)
-        allocate = self.scheduler.kv.allocate
+        kv = self.scheduler.kv
+        if not kv.enable_caching:
+            # Only block pops happen (no hashes to index): hand them out in one call, in step order.
+            events = self._events
+            requests = self.requests
+            computed0 = self._computed0
+            tokens = [
+                (requests[index].request_id, computed0[index] + j - 1)
+                for j in range(self.num_done + 1, step + 1)
+                for index in events.get(j, ())
+            ]
+            if self.num_done < step:
+                self.num_done = step
+            kv.append_decode_blocks(tokens)
+            return
+        allocate = kv.allocate
         while self.num_done < step:
             self.num_done += 1
             j = self.num_done

@@ -142,6 +142,22 @@ class KVManager:
             self._cache_full_blocks(request, blocks, num_new_tokens, len(new_computed_blocks))
         return new_blocks
 
+    def append_decode_blocks(self, tokens: Sequence[tuple[int, int]]) -> None:
+        """``allocate(request, 1)`` for a sequence of decode tokens, given as (request id, token index) in
+        step order, when prefix caching is off: each token that starts a block its request does not hold
+        gets a fresh block, popped in the same order as one call per token would pop them. The caller
+        (a decode run) has checked that the pool holds them all."""
+        if self.enable_caching:
+            raise ValueError("append_decode_blocks is the caching-off path; with caching use allocate")
+        bs = self.block_size
+        tables = self.req_blocks
+        # A request's tokens come in increasing order, each needing block token // bs; tables only grow
+        # here, so comparing with the table length before any append selects exactly the blocks to pop.
+        targets = [table for rid, token in tokens if token // bs >= len(table := tables[rid])]
+        if targets:
+            for table, block_id in zip(targets, self.pool.get_new_blocks(len(targets)), strict=True):
+                table.append(block_id)
+
     def _cache_full_blocks(self, request: Request, blocks: list[int], num_new_tokens: int,
                            num_hit_blocks: int) -> None:
         # Index every block that is full once this step's tokens are computed (optimistic, as vLLM: the
