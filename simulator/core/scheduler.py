@@ -133,7 +133,8 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting) + len(self.swapped)
+        """Waiting plus swapped-out requests: every request held here that is not running."""
+        return len(self.requests) - len(self.running)
 
     def kv_stats(self) -> KVStats:
         return self.kv.stats(self.running)

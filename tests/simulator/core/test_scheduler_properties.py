@@ -78,6 +78,7 @@ def test_random_streams_keep_every_promise(config: SchedulerConfig, reqs: list[t
         assert pool.num_free + sum(1 for r in pool.ref_cnt if r > 0) == pool.num_blocks
         held = sum(len(sched.kv.req_blocks.get(r.request_id, [])) for r in sched.running)
         assert sum(pool.ref_cnt) == held
+        assert sched.num_waiting == len(sched.waiting) + len(sched.swapped)  # the router's load signal
         step += 1
         assert step < 5000, "no progress: a request can never finish"
     rejected = {rid for rid, r in added.items() if r.status is RequestStatus.REJECTED}
