@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from itertools import repeat
 
 _COMPACT_SLACK = 1024
 """Stale free-queue entries tolerated beyond the live ones before the queue is rebuilt without them."""
@@ -151,6 +152,17 @@ class BlockPool:
         """Drop one reference from each block, in the order given; blocks reaching zero go to the tail."""
         ref = self.ref_cnt
         freed = self._freed
+        if not self.enable_caching:
+            # Without the prefix cache nothing is shared: every count is 1 and every block goes to the tail.
+            # Checked and cleared by C-level loops; anything else takes the general loop (and its checks).
+            ids = blocks if isinstance(blocks, list) else list(blocks)
+            if (ids and min(map(ref.__getitem__, ids)) == 1 and max(map(ref.__getitem__, ids)) == 1
+                    and len(set(ids)) == len(ids)):
+                deque(map(ref.__setitem__, ids, repeat(0, len(ids))), maxlen=0)
+                freed.extend(ids)
+                self._num_freed += len(ids)
+                return
+            blocks = ids
         entries = self._entries if self.enable_caching else None
         for block_id in blocks:
             count = ref[block_id] - 1

@@ -69,9 +69,9 @@ def test_prefix_hit_capped_below_the_last_token() -> None:
 class BlockPoolMachine(RuleBasedStateMachine):
     """Random allocate / free / cache / touch sequences against a plain model of refs and queue order."""
 
-    @initialize(num_blocks=st.integers(1, 12))
-    def setup(self, num_blocks: int) -> None:
-        self.pool = BlockPool(num_blocks)
+    @initialize(num_blocks=st.integers(1, 12), caching=st.booleans())
+    def setup(self, num_blocks: int, caching: bool) -> None:
+        self.pool = BlockPool(num_blocks, enable_caching=caching)  # caching off has its own free path
         self.holders: list[list[int]] = []  # each holder: block ids it references, in order
         self.model_queue = list(range(num_blocks))
         self.model_cache: dict[int, int] = {}
@@ -102,7 +102,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
     def cache(self, data: st.DataObject) -> None:
         holder = data.draw(st.sampled_from(self.holders))
         bid = data.draw(st.sampled_from(holder))
-        if self.pool.block_hash(bid) is None:
+        if self.pool.block_hash(bid) is None and self.pool.enable_caching:
             self.pool.cache_block(bid, self.next_hash)
             self.model_cache[self.next_hash] = bid
             self.next_hash += 1
