@@ -166,6 +166,35 @@ class CostModel:
         total = np.maximum(dev, host) if self._overlap else dev + host
         return total * self._factor
 
+    def decode_step_ends(self, batch: int, ctx_sum_start: int, num_steps: int, start_s: float) -> list[float]:
+        """End times of the steps ``decode_times`` describes, run back to back from ``start_s``: each one
+        the previous end plus its step time, one addition at a time as a step-by-step clock adds them, so
+        equal to the bit. Short runs (most: an arrival or a completion ends them) stay in plain floats,
+        where numpy's per-call overhead would dominate; long ones are vectorised."""
+        if num_steps > _SHORT_RUN_STEPS:
+            times = self.decode_times(batch, ctx_sum_start, num_steps)
+            return np.add.accumulate(np.concatenate(([start_s], times)))[1:].tolist()  # type: ignore[no-any-return]
+        if num_steps <= 0:
+            return []
+        if batch <= 0:
+            return [start_s] * num_steps
+        b, n = self._padded(StepShape(batch, batch, batch, ctx_sum_start, 0, 0.0))
+        base = self._base_s(b, n)
+        host = self._host_s(b, n)
+        k = self._k
+        attn = self._q * 0.0
+        factor = self._factor
+        overlap = self._overlap
+        ends = []
+        now = start_s
+        ctx = ctx_sum_start
+        for _ in range(num_steps):
+            dev = base + k * float(ctx) + attn
+            now += ((dev if dev > host else host) if overlap else dev + host) * factor
+            ends.append(now)
+            ctx += batch
+        return ends
+
     def decode_total_time(self, batch: int, ctx_sum_start: int, num_steps: int) -> float:
         """Sum of ``decode_times`` in closed form (no array) when host work does not overlap."""
         if self._overlap:
@@ -190,6 +219,10 @@ class CostModel:
     def __repr__(self) -> str:
         scaled = f", factor={self._factor}" if self._factor != 1.0 else ""
         return f"CostModel({self.profile.label}{scaled})"
+
+
+_SHORT_RUN_STEPS = 64
+"""Decode runs up to this many steps are timed in plain Python floats (``decode_step_ends``)."""
 
 
 def _comm_terms(comm: CommModel | None, tp: int) -> tuple[float, float]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
-import numpy as np
 import simpy
 
 from simulator.core.config import Batching, SchedulerConfig
@@ -145,38 +144,38 @@ class Replica:
         scheduler = self.scheduler
         env = self.env
         run = DecodeRun(scheduler, num_steps)
-        times = self.cost_model.decode_times(run.batch, run.ctx_sum_start, num_steps)
+        start = env.now
         # Step end times accumulated one addition at a time from now, as the step-by-step clock does.
-        ends = np.add.accumulate(np.concatenate(([env.now], times)))[1:]
+        ends = self.cost_model.decode_step_ends(run.batch, run.ctx_sum_start, num_steps, start)
         cut_on_arrival = scheduler.config.batching is not Batching.STATIC and len(scheduler.running) < (
             scheduler.config.max_num_seqs
         )
-        active = _ActiveRun(self, run, env.now, ends, cut_on_arrival)
+        active = _ActiveRun(self, run, start, ends, cut_on_arrival)
         self._run_state = active
         active.advance(env.now)  # the first step is scheduled now
         try:
-            yield env.timeout(float(ends[-1]) - env.now)
+            yield env.timeout(ends[-1] - env.now)
         except simpy.Interrupt:
             # An arrival during step j: step j completes, then the scheduler sees the new request.
             active.cut = True
-            last = int(np.searchsorted(ends, env.now, side="right")) + 1
+            last = bisect.bisect_right(ends, env.now) + 1
             last = min(last, num_steps)
             run.truncate(max(last, run.num_done))
-            while env.now < float(ends[run.num_steps - 1]):
+            while env.now < ends[run.num_steps - 1]:
                 try:
-                    yield env.timeout(float(ends[run.num_steps - 1]) - env.now)
+                    yield env.timeout(ends[run.num_steps - 1] - env.now)
                 except simpy.Interrupt:
                     continue  # already cut: later arrivals just wait for this step to end
         finished = active.close()
         self._run_state = None
         k = run.num_steps
         if finished:
-            delivered = float(ends[k - 1]) + self.network_latency_s
+            delivered = ends[k - 1] + self.network_latency_s
             for request in finished:
                 self.log.on_finish(request.request_id, delivered, request.num_cached_tokens, request.num_preemptions)
         self.num_steps += k
         self.num_fast_steps += k
-        self.busy_s += float(times[:k].sum())
+        self.busy_s += ends[k - 1] - start
 
 
 class _ActiveRun:
@@ -188,12 +187,12 @@ class _ActiveRun:
 
     __slots__ = ("cut", "cut_on_arrival", "ends", "num_sampled", "replica", "run", "start_s")
 
-    def __init__(self, replica: Replica, run: DecodeRun, start_s: float, ends: np.ndarray,
+    def __init__(self, replica: Replica, run: DecodeRun, start_s: float, ends: list[float],
                  cut_on_arrival: bool) -> None:
         self.replica = replica
         self.run = run
         self.start_s = start_s
-        self.ends = ends.tolist()
+        self.ends = ends
         self.cut_on_arrival = cut_on_arrival
         self.cut = False
         self.num_sampled = 0

@@ -139,6 +139,29 @@ def test_decode_times_bit_identical_to_step_time(
     assert math.isclose(model.decode_total_time(batch, ctx, steps), sum(reference), rel_tol=1e-12)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    batch=st.integers(0, 300),
+    ctx=st.integers(0, 2_000_000),
+    steps=st.integers(0, 150),  # both sides of the plain-float / numpy switch
+    start=st.floats(0.0, 1e6),
+    overlap=st.booleans(),
+    buckets=st.booleans(),
+    multi=st.sampled_from([0.0, 7e-3]),
+)
+def test_decode_step_ends_equal_a_step_by_step_clock(
+    batch: int, ctx: int, steps: int, start: float, overlap: bool, buckets: bool, multi: float
+) -> None:
+    device = BASE.device_s.model_copy(update={"multi_token_s": multi})
+    profile = _profile(device_s=device, overlap_host=overlap, cuda_graph_batch_sizes=(1, 8, 64, 256) if buckets else ())
+    model = CostModel(profile).scale(1.1)
+    clock, reference = start, []
+    for j in range(steps):
+        clock += model.step_time(decode(batch, ctx + j * batch)) if batch else 0.0
+        reference.append(clock)
+    assert model.decode_step_ends(batch, ctx, steps, start) == reference  # to the bit
+
+
 def test_decode_times_degenerate() -> None:
     model = CostModel(BASE)
     assert model.decode_times(4, 100, 0).shape == (0,)
