@@ -40,16 +40,20 @@ class DecodeRun:
         # or fills one ((c + j) % bs == 0). All other decode steps are no-ops for the KV manager.
         bs = scheduler.block_size
         kv = scheduler.kv
+        tables = kv.req_blocks
+        caching = kv.enable_caching
         events: dict[int, list[int]] = {}
         for index, computed in enumerate(self._computed0):
             request = self.requests[index]
-            offsets = []
-            if (computed + num_steps + bs - 1) // bs > kv.num_held_blocks(request.request_id):
-                offsets.append((1 - computed) % bs)  # steps that start a block it does not hold yet
-            if kv.enable_caching and len(request.block_hashes) > computed // bs:
-                offsets.append((-computed) % bs)  # steps that fill a block with a known hash
-            for offset in offsets:
-                step = offset if offset else bs
+            if (computed + num_steps + bs - 1) // bs > len(tables.get(request.request_id, ())):
+                # steps that start a block it does not hold yet
+                step = (1 - computed) % bs or bs
+                while step <= num_steps:
+                    events.setdefault(step, []).append(index)
+                    step += bs
+            if caching and len(request.block_hashes) > computed // bs:
+                # steps that fill a block with a known hash
+                step = (-computed) % bs or bs
                 while step <= num_steps:
                     events.setdefault(step, []).append(index)
                     step += bs
