@@ -62,6 +62,11 @@ class Replica:
         return self.scheduler.num_waiting
 
     @property
+    def load(self) -> int:
+        """Running + waiting + swapped: every request the scheduler holds (one C-level length)."""
+        return len(self.scheduler.requests)
+
+    @property
     def kv_used_frac(self) -> float:
         self.sync()
         pool = self.scheduler.kv.pool

@@ -62,6 +62,10 @@ class ReplicaView(Protocol):
     @property
     def num_waiting(self) -> int: ...
     @property
+    def load(self) -> int:
+        """Requests the replica holds: running + waiting (the signal every load-aware policy here uses)."""
+        ...
+    @property
     def kv_used_frac(self) -> float:
         """KV blocks in use / total blocks, in [0, 1]."""
         ...
@@ -85,7 +89,7 @@ class Router(Protocol):
 
 def load_of(view: ReplicaView) -> int:
     """Requests a replica holds (running + waiting): the load signal every load-aware policy here uses."""
-    return view.num_running + view.num_waiting
+    return view.load
 
 
 def _check_nonempty(views: Sequence[ReplicaView]) -> int:
@@ -97,7 +101,7 @@ def _check_nonempty(views: Sequence[ReplicaView]) -> int:
 def _least_loaded(views: Sequence[ReplicaView]) -> int:
     """Index of the replica with the fewest requests, ties by lowest replica id."""
     n = _check_nonempty(views)
-    loads = [view.num_running + view.num_waiting for view in views]  # load_of, inlined: once per request
+    loads = [view.load for view in views]  # load_of, inlined: this scan runs once per request
     return min(range(n), key=lambda i: (loads[i], views[i].replica_id))
 
 
@@ -380,6 +384,10 @@ class ReplicaSnapshot:
         """As at refresh: the router cannot know the blocks its in-flight requests will take."""
         self.num_dispatched = 0
         """Requests this router sent here since the refresh."""
+
+    @property
+    def load(self) -> int:
+        return self.num_running + self.num_waiting
 
     def prefix_match_blocks(self, block_hashes: Sequence[int]) -> int:
         return self._live.prefix_match_blocks(block_hashes)

@@ -197,3 +197,25 @@ def test_running_and_waste_figures() -> None:
     series = result.series_df("contiguous")
     assert int(series["running"].max()) <= contiguous.running_peak
     assert np.isfinite(contiguous.running_mean)
+
+
+@pytest.mark.parametrize("case", ["preempt-recompute", "preempt-swap", "static-contiguous"])
+def test_router_load_signal_counts_every_held_request(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replica.load (one length, read by every load-aware router) equals running + waiting + swapped at
+    every routing decision, through preemptions, swaps and decode runs."""
+    from simulator import router as router_module
+
+    route = router_module.RouterState.route
+    checked = []
+
+    def checking_route(self: Any, router: Any, spec: Any, now_s: float) -> int:
+        for replica in self._replicas:
+            sched = replica.scheduler
+            replica.sync()
+            assert replica.load == len(sched.running) + len(sched.waiting) + len(sched.swapped)
+        checked.append(spec.request_id)
+        return route(self, router, spec, now_s)
+
+    monkeypatch.setattr(router_module.RouterState, "route", checking_route)
+    simulate(POLICIES[case])
+    assert len(checked) == BASE["workload"]["num_requests"]

@@ -42,6 +42,10 @@ class FakeReplica:
     kv_used_frac: float = 0.0
     cached: set[int] = field(default_factory=set)
 
+    @property
+    def load(self) -> int:
+        return self.num_running + self.num_waiting
+
     def prefix_match_blocks(self, block_hashes: Sequence[int]) -> int:
         matched = 0
         for h in block_hashes:
