@@ -101,8 +101,8 @@ def _check_nonempty(views: Sequence[ReplicaView]) -> int:
 def _least_loaded(views: Sequence[ReplicaView]) -> int:
     """Index of the replica with the fewest requests, ties by lowest replica id."""
     n = _check_nonempty(views)
-    loads = [view.load for view in views]  # load_of, inlined: this scan runs once per request
-    return min(range(n), key=lambda i: (loads[i], views[i].replica_id))
+    # (load, id, index) compared in C: this scan runs once per request over every replica.
+    return min(zip([v.load for v in views], [v.replica_id for v in views], range(n), strict=True))[2]
 
 
 _MASK64 = (1 << 64) - 1
