@@ -183,6 +183,17 @@ class BlockPool:
             self.cached[block_hash] = block_id
             self._hash_of[block_id] = block_hash
 
+    def cache_blocks(self, block_ids: Iterable[int], block_hashes: Iterable[int]) -> None:
+        """``cache_block`` for each (block, hash) pair, in order (a prompt's blocks at admission)."""
+        if not self.enable_caching:
+            return
+        hash_of = self._hash_of
+        cached = self.cached
+        for block_id, block_hash in zip(block_ids, block_hashes, strict=True):
+            if block_id not in hash_of and block_hash not in cached:
+                cached[block_hash] = block_id
+                hash_of[block_id] = block_hash
+
     def _compact(self) -> None:
         """Rebuild the freed queue from its live entries, in order (stale entries only cost memory)."""
         live = self.free_queue[self.num_blocks - len(self.ref_cnt):]
