@@ -204,7 +204,8 @@ class Scheduler:
         cfg = self.config
         if not running or self.swapped or len(running) > cfg.max_num_batched_tokens:
             return 0
-        if self.waiting and cfg.batching is not Batching.STATIC and len(running) < cfg.max_num_seqs:
+        if (self.waiting and cfg.batching is not Batching.STATIC and len(running) < cfg.max_num_seqs
+                and not self._admission_blocked()):
             return 0
         steps = 1 << 30
         for request in running:
@@ -340,7 +341,6 @@ class Scheduler:
         """Admit swapped-out then waiting requests in queue order while budget, max_num_seqs and KV
         allow; stop at the first that does not fit (head-of-line blocking, no skipping ahead)."""
         cfg = self.config
-        threshold = cfg.long_prefill_token_threshold
         while budget > 0 and len(self.running) < cfg.max_num_seqs:
             if self.swapped:
                 if not self._swap_in(plan, budget):
@@ -350,18 +350,12 @@ class Scheduler:
             if not self.waiting:
                 return
             request = self.waiting.peek()
-            hits = self.kv.get_computed_blocks(request) if request.num_computed_tokens == 0 else []
+            admission = self._admission(request, budget, whole_prompts=whole_prompts,
+                                        step_has_requests=bool(plan.requests))
+            if admission is None:
+                return
+            hits, num_new = admission
             num_hit_tokens = len(hits) * self.block_size
-            num_new = request.num_tokens - request.num_computed_tokens - num_hit_tokens
-            if whole_prompts:
-                # Whole prompts only; the first one of a step always goes, so a prompt larger than the
-                # budget is served alone rather than never.
-                if num_new > budget and plan.requests:
-                    return
-            else:
-                if threshold:
-                    num_new = min(num_new, threshold)
-                num_new = min(num_new, budget)
             if self.kv.allocate(request, num_new, hits, self._reserve_tokens(request)) is None:
                 return
             self.waiting.pop()
@@ -374,6 +368,55 @@ class Scheduler:
             plan.admitted_ids.append(request.request_id)
             plan.add(request, num_new)
             budget -= num_new
+
+    def _admission(self, request: Request, budget: int, *, whole_prompts: bool,
+                   step_has_requests: bool) -> tuple[list[int], int] | None:
+        """What admitting ``request`` under ``budget`` asks of the KV manager: its prefix-hit blocks and
+        its new tokens. None when it cannot go in this step whatever the KV holds."""
+        hits = self.kv.get_computed_blocks(request) if request.num_computed_tokens == 0 else []
+        num_new = self._admission_tokens(request, len(hits), budget, whole_prompts=whole_prompts,
+                                         step_has_requests=step_has_requests)
+        return None if num_new is None else (hits, num_new)
+
+    def _admission_tokens(self, request: Request, num_hit_blocks: int, budget: int, *, whole_prompts: bool,
+                          step_has_requests: bool) -> int | None:
+        num_new = request.num_tokens - request.num_computed_tokens - num_hit_blocks * self.block_size
+        if whole_prompts:
+            # Whole prompts only; the first one of a step always goes, so a prompt larger than the
+            # budget is served alone rather than never.
+            if num_new > budget and step_has_requests:
+                return None
+        else:
+            threshold = self.config.long_prefill_token_threshold
+            if threshold:
+                num_new = min(num_new, threshold)
+            num_new = min(num_new, budget)
+        return num_new
+
+    def _admission_blocked(self) -> bool:
+        """Chunked batching with requests waiting: True when the head of the queue (the only one
+        ``_admit`` tries: no skipping ahead) cannot be admitted in any step of a decode run starting now.
+        Free blocks only shrink while the batch decodes (blocks are popped, none is freed), and the head's
+        KV need can only fall if its prefix hits grow — as the run caches blocks — so the need is taken
+        at the most hits the head could ever get (every hashed block it has, optimistically free of
+        charge): if even that does not fit now, no step of the run admits it."""
+        cfg = self.config
+        if cfg.batching is not Batching.CHUNKED or self.swapped:
+            return False
+        budget = cfg.max_num_batched_tokens - len(self.running)  # every running request decodes one token
+        if budget <= 0:
+            return True
+        request = self.waiting.peek()
+        max_hits = 0
+        if self.kv.enable_caching and request.num_computed_tokens == 0:
+            max_hits = min(len(request.block_hashes), (request.num_tokens - 1) // self.block_size)
+        # A KV need that falls as hits grow: min(new tokens, budget) tokens beyond the hit blocks.
+        num_new = self._admission_tokens(request, max_hits, budget, whole_prompts=not cfg.enable_chunked_prefill,
+                                         step_has_requests=True)
+        if num_new is None:
+            return True
+        need = self.kv.num_blocks_needed(request, num_new, max_hits, self._reserve_tokens(request))
+        return need > self.kv.num_free_blocks
 
     def _swap_in(self, plan: StepPlan, budget: int) -> bool:
         request = self.swapped[0]
