@@ -72,9 +72,12 @@ def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
     router = make_router(scenario.router, len(replicas), scenario.seed)
     state = RouterState(replicas, scenario.router.refresh_s)
 
+    # Block hashes only matter to a prefix cache (the prefix-aware router reads them through one too).
+    specs = workload.iter_specs(block_hashes=setup.scheduler.prefix_caching)
+
     def arrivals() -> Generator[simpy.Event, None, None]:
         report_every = max(1, num_requests // 100)
-        for spec in workload:
+        for spec in specs:
             delay = spec.arrival_s - env.now
             if delay > 0:
                 yield env.timeout(delay)

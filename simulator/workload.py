@@ -642,8 +642,14 @@ class Workload:
 
     def __iter__(self) -> Iterator[RequestSpec]:
         """RequestSpecs in arrival order, built chunk by chunk so memory stays flat."""
+        return self.iter_specs()
+
+    def iter_specs(self, *, block_hashes: bool = True) -> Iterator[RequestSpec]:
+        """RequestSpecs in arrival order; ``block_hashes=False`` leaves their hashes empty, for a fleet
+        in which nothing reads them (no replica caches prefixes): deriving them is most of the cost of
+        building a spec."""
         for start in range(0, len(self), _ITER_CHUNK):
-            yield from self._chunk(start, min(start + _ITER_CHUNK, len(self)))
+            yield from self._chunk(start, min(start + _ITER_CHUNK, len(self)), block_hashes=block_hashes)
 
     def specs(self) -> list[RequestSpec]:
         """Every request as a RequestSpec (convenient for small workloads and tests)."""
@@ -676,13 +682,13 @@ class Workload:
         bounds = offsets.tolist()
         return [tuple(hashes[a:b]) for a, b in itertools.pairwise(bounds)]
 
-    def _chunk(self, start: int, stop: int) -> Iterator[RequestSpec]:
+    def _chunk(self, start: int, stop: int, *, block_hashes: bool = True) -> Iterator[RequestSpec]:
         columns = zip(
             self.arrival_s[start:stop].tolist(),
             self.prompt_tokens[start:stop].tolist(),
             self.output_tokens[start:stop].tolist(),
             self.session_id[start:stop].tolist(),
-            self._hashes(start, stop),
+            self._hashes(start, stop) if block_hashes else [()] * (stop - start),
             strict=True,
         )
         for offset, (arrival, prompt, output, session, hashes) in enumerate(columns):

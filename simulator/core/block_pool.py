@@ -116,11 +116,11 @@ class BlockPool:
             return out
         self._num_freed -= remaining
         freed = self._freed
-        if not self.enable_caching:  # no hits, so no stale entries and no hashes
-            for _ in range(remaining):
-                block_id = freed.popleft()
+        if not self.enable_caching:  # no hits, so no stale entries and no hashes: pop and count in C
+            reused = list(map(deque.popleft, repeat(freed, remaining)))
+            for block_id in reused:
                 ref[block_id] = 1
-                out.append(block_id)
+            out += reused
             return out
         entries = self._entries
         hash_of = self._hash_of
@@ -153,25 +153,24 @@ class BlockPool:
         ref = self.ref_cnt
         freed = self._freed
         if not self.enable_caching:
-            # Without the prefix cache nothing is shared: every count is 1 and every block goes to the tail.
-            # Checked and cleared by C-level loops; anything else takes the general loop (and its checks).
+            # Without the prefix cache nothing is shared: every count is 1 and every block goes to the
+            # tail, in one extend (a count other than 1 is a double free, as in the general loop).
             ids = blocks if isinstance(blocks, list) else list(blocks)
-            if (ids and min(map(ref.__getitem__, ids)) == 1 and max(map(ref.__getitem__, ids)) == 1
-                    and len(set(ids)) == len(ids)):
-                deque(map(ref.__setitem__, ids, repeat(0, len(ids))), maxlen=0)
-                freed.extend(ids)
-                self._num_freed += len(ids)
-                return
-            blocks = ids
-        entries = self._entries if self.enable_caching else None
+            for block_id in ids:
+                if ref[block_id] != 1:
+                    raise AssertionError(f"block {block_id} freed more often than referenced")
+                ref[block_id] = 0
+            freed.extend(ids)
+            self._num_freed += len(ids)
+            return
+        entries = self._entries
         for block_id in blocks:
             count = ref[block_id] - 1
             ref[block_id] = count
             if count == 0:
                 freed.append(block_id)
                 self._num_freed += 1
-                if entries is not None:
-                    entries[block_id] += 1
+                entries[block_id] += 1
             elif count < 0:
                 raise AssertionError(f"block {block_id} freed more often than referenced")
 
