@@ -219,3 +219,18 @@ def test_router_load_signal_counts_every_held_request(case: str, monkeypatch: py
     monkeypatch.setattr(router_module.RouterState, "route", checking_route)
     simulate(POLICIES[case])
     assert len(checked) == BASE["workload"]["num_requests"]
+
+
+def test_a_fleet_without_prefix_caching_gives_the_same_run_without_block_hashes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Specs skip their block hashes when no replica caches prefixes; nothing may depend on them then."""
+    from simulator.workload import Workload
+
+    overrides = [*SESSIONS, "router.policy=prefix_aware", "engine.prefix_caching=false"]
+    skipped = run(load_mapping(BASE, overrides)).variants["base"]
+    iter_specs = Workload.iter_specs
+    monkeypatch.setattr(Workload, "iter_specs", lambda self, block_hashes=True: iter_specs(self, block_hashes=True))
+    hashed = run(load_mapping(BASE, overrides)).variants["base"]
+    assert skipped.summary.to_dict() == hashed.summary.to_dict()
+    assert np.array_equal(skipped.requests.replica, hashed.requests.replica)
