@@ -67,6 +67,8 @@ class DecodeRun:
     def advance_to(self, step: int) -> None:
         """Apply the KV work of steps ``num_done + 1 .. step`` in step order, running order within a step."""
         step = min(step, self.num_steps)
+        if step <= self.num_done:
+            return  # already applied (most calls: a router's sync or a sample within one step)
         kv = self.scheduler.kv
         if not kv.enable_caching:
             # Only block pops happen (no hashes to index): hand them out in one call, in step order.
@@ -78,9 +80,9 @@ class DecodeRun:
                 for j in range(self.num_done + 1, step + 1)
                 for index in events.get(j, ())
             ]
-            if self.num_done < step:
-                self.num_done = step
-            kv.append_decode_blocks(tokens)
+            self.num_done = step
+            if tokens:
+                kv.append_decode_blocks(tokens)
             return
         allocate = kv.allocate
         while self.num_done < step:
