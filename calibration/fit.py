@@ -25,6 +25,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from scipy.optimize import least_squares, lsq_linear, nnls
 
+from calibration.profiler import SHAPE_COLUMNS
 from simulator.errors import ConfigError
 from simulator.profile import (
     CommModel,
@@ -37,16 +38,6 @@ from simulator.profile import (
     Provenance,
     ValidRange,
 )
-
-SHAPE_COLUMNS: tuple[str, ...] = (
-    "num_seqs",
-    "num_new_tokens",
-    "num_decode_seqs",
-    "decode_context_sum",
-    "num_prefill_tokens",
-    "prefill_attention_pairs",
-)
-"""StepShape fields, one column each (num_seqs as the engine ran it, i.e. padded to its graph bucket)."""
 
 LINEAR_PARAMS: tuple[str, ...] = (
     "a0_s", "weight_s", "per_token_s", "per_ctx_token_s", "per_attn_pair_s", "per_seq_s", "multi_token_s"

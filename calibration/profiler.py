@@ -46,7 +46,8 @@ SHAPE_COLUMNS: tuple[str, ...] = (
     "num_prefill_tokens",
     "prefill_attention_pairs",
 )
-"""StepShape fields, as calibration/fit.py reads them."""
+"""StepShape fields, one column each, as calibration/fit.py reads them (num_seqs as the engine ran it, i.e.
+padded to its CUDA-graph bucket)."""
 
 CSV_COLUMNS: tuple[str, ...] = (
     "point",

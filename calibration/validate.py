@@ -219,19 +219,72 @@ def _warm_up(engine: Any) -> None:
                               [seqs_ids])
 
 
+class _WallClock:
+    """Real time: arrivals wait on the wall clock; tokens are stamped by the engine as they appear."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self.t0 = engine.now()
+
+    def now(self) -> float:
+        return self._engine.now() - self.t0
+
+    def idle_until(self, t: float) -> None:
+        time.sleep(max(0.0, t - self.now()))
+
+    def account(self, run: EngineRun, record: Any, cpu_s: float) -> None:
+        _account(run, record, self.t0, cpu_s)
+
+
+class _VirtualClock:
+    """Lockstep: a clock advanced by the cost model's time of each step the engine runs, as a simulated
+    replica's would be; the engine's own times are recorded but decide nothing."""
+
+    def __init__(self, cost: CostModel) -> None:
+        self._cost = cost
+        self._t = 0.0
+
+    def now(self) -> float:
+        return self._t
+
+    def idle_until(self, t: float) -> None:
+        self._t = max(self._t, t)  # idle: the replica sleeps until the next arrival
+
+    def account(self, run: EngineRun, record: Any, cpu_s: float) -> None:
+        step_s = self._cost.step_time(record.shape)
+        self._t += step_s
+        run.predicted_s.append(step_s)
+        _account(run, record, None, cpu_s, virtual_end_s=self._t)
+
+
 def run_engine_realtime(engine: Any, specs: Sequence[RequestSpec], prompts: Sequence[Sequence[int]],
                         *, progress: bool = True) -> EngineRun:
     """Serve ``specs`` on the wall clock: each request is added at the first step boundary at or after
     its arrival time; while idle the loop sleeps until the next arrival."""
+    return _serve(engine, specs, prompts, _WallClock(engine), desc="engine (real time)", progress=progress)
+
+
+def run_engine_lockstep(engine: Any, specs: Sequence[RequestSpec], prompts: Sequence[Sequence[int]],
+                        cost: CostModel, *, progress: bool = True) -> EngineRun:
+    """Serve ``specs`` on a virtual clock advanced by ``cost`` per step: a request is added at the step
+    boundary where a simulated replica would see it. Deterministic; times are measured but not used
+    for decisions."""
+    return _serve(engine, specs, prompts, _VirtualClock(cost), desc="engine (lockstep)", progress=progress)
+
+
+def _serve(engine: Any, specs: Sequence[RequestSpec], prompts: Sequence[Sequence[int]],
+           clock: _WallClock | _VirtualClock, *, desc: str, progress: bool) -> EngineRun:
+    """The replay loop both modes share: hand over arrivals at each step boundary, step the engine, and
+    let ``clock`` say what time it is, how idling passes, and how a step is accounted."""
     log = RequestLog(len(specs))
     run = EngineRun(log=log, steps=[], step_shapes=[], device_s=[], cycle_s=[])
-    bar = _bar(len(specs), "engine (real time)", progress)
-    t0 = engine.now()
+    bar = _bar(len(specs), desc, progress)
+    wall0 = time.perf_counter()
     i, n = 0, len(specs)
     while i < n or engine.has_work:
-        i = _add_arrivals(engine, specs, prompts, i, engine.now() - t0, run)
+        i = _add_arrivals(engine, specs, prompts, i, clock.now(), run)
         if not engine.has_work:
-            time.sleep(max(0.0, specs[i].arrival_s - (engine.now() - t0)))
+            clock.idle_until(specs[i].arrival_s)
             continue
         cpu0 = time.thread_time()
         record = engine.step()
@@ -239,12 +292,12 @@ def run_engine_realtime(engine: Any, specs: Sequence[RequestSpec], prompts: Sequ
         if record.shape.num_seqs == 0:
             if i >= n:
                 raise RuntimeError("the engine has work it cannot start and no arrival will change that")
-            time.sleep(max(0.0, specs[i].arrival_s - (engine.now() - t0)))
+            clock.idle_until(specs[i].arrival_s)
             continue
-        _account(run, record, t0, cpu_s)
+        clock.account(run, record, cpu_s)
         if bar is not None:
             bar.update(len(record.finished_ids))
-    run.wall_s = engine.now() - t0
+    run.wall_s = time.perf_counter() - wall0
     if bar is not None:
         bar.close()
     return run
@@ -262,42 +315,6 @@ def _add_arrivals(engine: Any, specs: Sequence[RequestSpec], prompts: Sequence[S
         run.admitted_at_step[spec.request_id] = len(run.steps)
         i += 1
     return i
-
-
-def run_engine_lockstep(engine: Any, specs: Sequence[RequestSpec], prompts: Sequence[Sequence[int]],
-                        cost: CostModel, *, progress: bool = True) -> EngineRun:
-    """Serve ``specs`` on a virtual clock advanced by ``cost`` per step: a request is added at the step
-    boundary where a simulated replica would see it. Deterministic; times are measured but not used
-    for decisions."""
-    log = RequestLog(len(specs))
-    run = EngineRun(log=log, steps=[], step_shapes=[], device_s=[], cycle_s=[])
-    bar = _bar(len(specs), "engine (lockstep)", progress)
-    clock = 0.0
-    i, n = 0, len(specs)
-    wall0 = time.perf_counter()
-    while i < n or engine.has_work:
-        i = _add_arrivals(engine, specs, prompts, i, clock, run)
-        if not engine.has_work:
-            clock = specs[i].arrival_s  # idle: the replica sleeps until the next arrival
-            continue
-        cpu0 = time.thread_time()
-        record = engine.step()
-        cpu_s = time.thread_time() - cpu0
-        if record.shape.num_seqs == 0:
-            if i >= n:
-                raise RuntimeError("the engine has work it cannot start and no arrival will change that")
-            clock = max(clock, specs[i].arrival_s)
-            continue
-        step_s = cost.step_time(record.shape)
-        clock += step_s
-        run.predicted_s.append(step_s)
-        _account(run, record, None, cpu_s, virtual_end_s=clock)
-        if bar is not None:
-            bar.update(len(record.finished_ids))
-    run.wall_s = time.perf_counter() - wall0
-    if bar is not None:
-        bar.close()
-    return run
 
 
 def _account(run: EngineRun, record: Any, t0: float | None, cpu_s: float, *,

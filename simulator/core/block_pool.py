@@ -29,7 +29,7 @@ class BlockPool:
     """All KV blocks of one replica, the free queue, and the hash -> block index of the prefix cache.
 
     The free order starts as all blocks in id order; a freed block goes to the tail. Blocks never handed
-    out therefore always sit at the head, in id order (ids ``num_handed_out`` and above).
+    out therefore always sit at the head, in id order (ids ``len(ref_cnt)`` and above).
 
     The freed part of the queue is a deque of block ids. A prefix hit on a free cached block takes it out
     of the middle of the queue; rather than search the deque, the entry is left in place and skipped when
@@ -62,11 +62,6 @@ class BlockPool:
         self.num_evictions = 0
 
     @property
-    def num_handed_out(self) -> int:
-        """Blocks ever handed out; ids at and above this one were never used."""
-        return len(self.ref_cnt)
-
-    @property
     def num_free(self) -> int:
         """Blocks that can be handed out now, including cached blocks nobody references (evictable)."""
         return self.num_blocks - len(self.ref_cnt) + self._num_freed
@@ -85,6 +80,10 @@ class BlockPool:
     @property
     def free_queue(self) -> list[int]:
         """The free blocks in eviction order (head first)."""
+        return list(range(len(self.ref_cnt), self.num_blocks)) + self._live_freed()
+
+    def _live_freed(self) -> list[int]:
+        """The live entries of the freed queue, in order: a free block's most recent entry."""
         later: dict[int, int] = {}
         for block_id in self._freed:
             later[block_id] = later.get(block_id, 0) + 1
@@ -94,7 +93,7 @@ class BlockPool:
             later[block_id] -= 1
             if later[block_id] == 0 and ref[block_id] == 0:
                 live.append(block_id)
-        return list(range(len(ref), self.num_blocks)) + live
+        return live
 
     def get_cached_block(self, block_hash: int) -> int | None:
         return self.cached.get(block_hash)
@@ -176,14 +175,11 @@ class BlockPool:
 
     def cache_block(self, block_id: int, block_hash: int) -> None:
         """Index a full, computed block under its chained hash (first copy wins)."""
-        if not self.enable_caching or block_id in self._hash_of:
-            return
-        if block_hash not in self.cached:
-            self.cached[block_hash] = block_id
-            self._hash_of[block_id] = block_hash
+        self.cache_blocks((block_id,), (block_hash,))
 
     def cache_blocks(self, block_ids: Iterable[int], block_hashes: Iterable[int]) -> None:
-        """``cache_block`` for each (block, hash) pair, in order (a prompt's blocks at admission)."""
+        """Index each (block, hash) pair in order; a block already indexed, or a hash already held by
+        another block (first copy wins), is left as it is."""
         if not self.enable_caching:
             return
         hash_of = self._hash_of
@@ -195,7 +191,7 @@ class BlockPool:
 
     def _compact(self) -> None:
         """Rebuild the freed queue from its live entries, in order (stale entries only cost memory)."""
-        live = self.free_queue[self.num_blocks - len(self.ref_cnt):]
+        live = self._live_freed()
         entries = self._entries
         for block_id in self._freed:
             entries[block_id] = 0

@@ -45,15 +45,16 @@ class DecodeRun:
         events: dict[int, list[int]] = {}
         for index, computed in enumerate(self._computed0):
             request = self.requests[index]
-            if (computed + num_steps + bs - 1) // bs > len(tables.get(request.request_id, ())):
+            kinds = (
                 # steps that start a block it does not hold yet
-                step = (1 - computed) % bs or bs
-                while step <= num_steps:
-                    events.setdefault(step, []).append(index)
-                    step += bs
-            if caching and len(request.block_hashes) > computed // bs:
+                ((computed + num_steps + bs - 1) // bs > len(tables.get(request.request_id, ())), 1 - computed),
                 # steps that fill a block with a known hash
-                step = (-computed) % bs or bs
+                (caching and len(request.block_hashes) > computed // bs, -computed),
+            )
+            for wanted, offset in kinds:
+                if not wanted:
+                    continue
+                step = offset % bs or bs
                 while step <= num_steps:
                     events.setdefault(step, []).append(index)
                     step += bs

@@ -168,10 +168,7 @@ class KVManager:
         start = self._num_cached.get(rid, 0)
         if num_full <= start:
             return
-        if num_full - start == 1:
-            self.pool.cache_block(blocks[start], request.block_hashes[start])
-        else:
-            self.pool.cache_blocks(blocks[start:num_full], request.block_hashes[start:num_full])
+        self.pool.cache_blocks(blocks[start:num_full], request.block_hashes[start:num_full])
         self._num_cached[rid] = num_full
 
     def record_lookup(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
