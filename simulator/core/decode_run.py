@@ -45,15 +45,12 @@ class DecodeRun:
         events: dict[int, list[int]] = {}
         for index, computed in enumerate(self._computed0):
             request = self.requests[index]
-            kinds = (
-                # steps that start a block it does not hold yet
-                ((computed + num_steps + bs - 1) // bs > len(tables.get(request.request_id, ())), 1 - computed),
-                # steps that fill a block with a known hash
-                (caching and len(request.block_hashes) > computed // bs, -computed),
-            )
-            for wanted, offset in kinds:
-                if not wanted:
-                    continue
+            offsets: tuple[int, ...] = ()
+            if (computed + num_steps + bs - 1) // bs > len(tables.get(request.request_id, ())):
+                offsets = (1 - computed,)  # steps that start a block it does not hold yet
+            if caching and len(request.block_hashes) > computed // bs:
+                offsets += (-computed,)  # steps that fill a block with a known hash
+            for offset in offsets:
                 step = offset % bs or bs
                 while step <= num_steps:
                     events.setdefault(step, []).append(index)
