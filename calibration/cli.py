@@ -400,7 +400,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         trace=args.trace, prompt_scale=args.prompt_scale, output_scale=args.output_scale,
         max_prompt_tokens=args.max_prompt_tokens, max_output_tokens=args.max_output_tokens,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        mode=args.mode, threads=args.threads, seed=args.seed, device=args.device,
+        mode=args.mode, threads=args.threads, seed=args.seed, device=args.device, repeat_realtime=args.repeat,
     )
     report = validate(options, out_dir=Path(args.out), progress=not args.quiet)
     print_report(report)
@@ -449,6 +449,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeat", action="store_true",
+                   help="replay the real-time run twice: the engine against itself is the host's noise floor")
     p.add_argument("--out", default="runs/validate", help="folder for fidelity.json and the CDF plot")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_validate)

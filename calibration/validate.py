@@ -76,6 +76,9 @@ class ValidationOptions:
     device: str = "cpu"
     num_blocks: int | None = None
     """KV pool override (blocks); None = the profile's KV capacity."""
+    repeat_realtime: bool = False
+    """Replay the real-time run a second time on a fresh engine: how far the engine differs from itself on
+    the same workload is the host's noise floor, the yardstick for the simulator's error."""
 
 
 # ----- workload ----------------------------------------------------------------------------------------
@@ -560,6 +563,17 @@ def validate(options: ValidationOptions, *, out_dir: str | Path, progress: bool 
         files.append(path)
         title = f"{profile.name}: engine vs simulator, {len(specs)} requests at {rate:.2f} req/s"
         files.append(save_figure(figure_cdfs(real.log, simulated.requests, title=title), out / "fidelity.html"))
+        if options.repeat_realtime:
+            engine = _make_engine(profile, config, options)
+            _warm_up(engine)
+            again = run_engine_realtime(engine, specs, prompts, progress=progress)
+            fidelity["repeat"] = {
+                "engine_vs_engine": relative_errors(real.log, again.log),
+                "sim_vs_engine": relative_errors(again.log, simulated.requests),
+                "per_step_cycle": per_step_errors([cost.step_time(s) for s in again.step_shapes], again.cycle_s),
+                "engine_wall_s": again.wall_s,
+            }
+            files.append(_steps_csv(out / "realtime_repeat_steps.csv", again))
 
     path = out / "fidelity.json"
     path.write_text(json.dumps(_json_safe(fidelity), indent=2) + "\n")
@@ -629,8 +643,21 @@ def print_report(report: ValidationReport) -> None:
             print(f"with steps stretched by the engine's wall/CPU ratio {adj['wall_over_cpu']:.2f}: "
                   + "  ".join(f"{m} p50 {adj[m]['p50_err']:+.1%} p99 {adj[m]['p99_err']:+.1%}" for m in METRICS)
                   + f"  throughput {adj['throughput_err']:+.1%}")
+    rep = f.get("repeat")
+    if rep is not None:
+        print("noise floor, the engine's second real-time run against its first (same workload):")
+        _print_errors(rep["engine_vs_engine"])
+        print("the simulator against that second run:")
+        _print_errors(rep["sim_vs_engine"])
     for path in report.files:
         print(f"wrote {path}")
+
+
+def _print_errors(errors: dict[str, Any]) -> None:
+    for metric in METRICS:
+        m = errors[metric]
+        print(f"  {metric:6s} p50 {m['p50_err']:+7.2%}  p90 {m['p90_err']:+7.2%}  p99 {m['p99_err']:+7.2%}")
+    print(f"  throughput {errors['throughput_err']:+.2%}")
 
 
 def _bar(total: int, desc: str, enabled: bool) -> Any:

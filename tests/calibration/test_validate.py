@@ -117,7 +117,7 @@ def test_realtime_smoke(tmp_path: Path) -> None:
                                                           weight_bytes=1, device_memory_bytes=1)}).save(profile_path)
     options = ValidationOptions(profile=str(profile_path), num_requests=12, rate_rps=60.0, prompt_scale=0.05,
                                 output_scale=0.05, max_prompt_tokens=64, max_output_tokens=8, max_num_seqs=8,
-                                max_num_batched_tokens=64)
+                                max_num_batched_tokens=64, repeat_realtime=True)
     report = validate(options, out_dir=tmp_path / "out", progress=False)
     data = json.loads((tmp_path / "out" / "fidelity.json").read_text())
     assert data["lockstep"]["identical"] is True
@@ -126,3 +126,8 @@ def test_realtime_smoke(tmp_path: Path) -> None:
     assert "throughput_err" in data and 0 <= data["realtime"]["identical_share"] <= 1
     assert (tmp_path / "out" / "fidelity.html").is_file()
     assert report.fidelity["num_requests"] == 12
+    repeat = data["repeat"]  # the engine's second run: same workload, fresh engine
+    for side in ("engine_vs_engine", "sim_vs_engine"):
+        for metric in ("ttft", "tpot", "e2e"):
+            assert repeat[side][metric]["p50_engine_ms"] > 0
+    assert (tmp_path / "out" / "realtime_repeat_steps.csv").is_file()
