@@ -531,7 +531,13 @@ def validate(options: ValidationOptions, *, out_dir: str | Path, progress: bool 
         _warm_up(engine)
 
     if options.mode in ("realtime", "both"):
+        from calibration.drift import plan_probe
+
+        probe = plan_probe(profile_path, engine.runner, vocab_size=engine.shape.vocab_size)
+        probes = [probe.measure(engine.runner)] if probe is not None else []
         real = run_engine_realtime(engine, specs, prompts, progress=progress)
+        if probe is not None:
+            probes.append(probe.measure(engine.runner))
         simulated = simulate(scenario, workload)
         sim_steps = simulate_recorded(config, cost, specs)
         errors = relative_errors(real.log, simulated.requests)
@@ -567,6 +573,8 @@ def validate(options: ValidationOptions, *, out_dir: str | Path, progress: bool 
             engine = _make_engine(profile, config, options)
             _warm_up(engine)
             again = run_engine_realtime(engine, specs, prompts, progress=progress)
+            if probe is not None:
+                probes.append(probe.measure(engine.runner))
             fidelity["repeat"] = {
                 "engine_vs_engine": relative_errors(real.log, again.log),
                 "sim_vs_engine": relative_errors(again.log, simulated.requests),
@@ -574,6 +582,18 @@ def validate(options: ValidationOptions, *, out_dir: str | Path, progress: bool 
                 "engine_wall_s": again.wall_s,
             }
             files.append(_steps_csv(out / "realtime_repeat_steps.csv", again))
+        if probes:
+            # The host's speed change since calibration, measured outside the replay (calibration.drift).
+            # The headline errors above keep the profile as it is; this is what remains with the
+            # simulator's clock scaled by that change: the part of the error that is the cost model's shape.
+            speed = float(np.mean([p.speed_ratio for p in probes]))
+            drifted = scenario.model_copy(update={
+                "simulation": scenario.simulation.model_copy(update={"cost_factor": speed})})
+            fidelity["host_drift"] = {
+                "speed_ratio": speed,
+                "probes": [p.as_dict() for p in probes],
+                "adjusted": relative_errors(real.log, simulate(drifted, workload).requests),
+            }
 
     path = out / "fidelity.json"
     path.write_text(json.dumps(_json_safe(fidelity), indent=2) + "\n")
@@ -643,6 +663,12 @@ def print_report(report: ValidationReport) -> None:
             print(f"with steps stretched by the engine's wall/CPU ratio {adj['wall_over_cpu']:.2f}: "
                   + "  ".join(f"{m} p50 {adj[m]['p50_err']:+.1%} p99 {adj[m]['p99_err']:+.1%}" for m in METRICS)
                   + f"  throughput {adj['throughput_err']:+.1%}")
+    drift = f.get("host_drift")
+    if drift is not None:
+        ratios = ", ".join(f"{p['speed_ratio']:.3f}" for p in drift["probes"])
+        print(f"host drift: the profile's grid points re-timed now take x{drift['speed_ratio']:.3f} their "
+              f"calibration time (probes {ratios}); the simulator with its clock scaled by that:")
+        _print_errors(drift["adjusted"])
     rep = f.get("repeat")
     if rep is not None:
         print("noise floor, the engine's second real-time run against its first (same workload):")

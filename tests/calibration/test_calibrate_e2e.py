@@ -63,6 +63,19 @@ def test_calibrate_then_validate(tmp_path: Path, capsys: pytest.CaptureFixture[s
     steps = pd.read_csv(val_dir / "lockstep_steps.csv")
     assert len(steps) == lock["engine_steps"] and not steps.isna().any().any()
 
+    # Real time, twice, with the host drift probe re-timing the profile's own grid points around each run.
+    rt_dir = tmp_path / "realtime"
+    args = _parse(["validate", "--profile", str(out), "--num-requests", "12", "--rate", "40", "--mode", "realtime",
+                   "--repeat", "--prompt-scale", "0.05", "--output-scale", "0.05", "--max-prompt-tokens", "64",
+                   "--max-output-tokens", "8", "--out", str(rt_dir), "--quiet"])
+    assert args.func(args) == 0
+    drift = json.loads((rt_dir / "fidelity.json").read_text())["host_drift"]
+    assert len(drift["probes"]) == 3  # before the run, after it, after the repeat
+    for probe in drift["probes"]:
+        assert len(probe["points"]) == 8 and math.isfinite(probe["speed_ratio"]) and probe["speed_ratio"] > 0
+    assert all(math.isfinite(drift["adjusted"][m]["p50_engine_ms"]) for m in ("ttft", "tpot", "e2e"))
+    assert "host drift" in capsys.readouterr().out
+
 
 def test_shipped_cpu_profile_serves_a_cpu_scenario() -> None:
     """A scenario on hardware 'CPU' finds the shipped measured CPU profile and runs (no price: no cost)."""
