@@ -1,15 +1,25 @@
 """Fidelity on CPU: calibrate the small model on the cpu grid, then replay an Azure-shaped workload on the real
 engine and in the simulator; print the held-out fit error and the p50/p90/p99 errors of TTFT, TPOT, E2E.
 
-    OMP_NUM_THREADS=1 python benchmarks/fidelity.py --out runs/fid      # calibrate + validate, ~13 min
+    OMP_NUM_THREADS=1 python benchmarks/fidelity.py --out runs/fid      # calibrate + validate, ~20 min
     python benchmarks/fidelity.py --profile calibration/profiles/cpu-small-tp1-measured.yaml   # validate only
 
 Numbers, never pass/fail: on a shared 2-core machine other processes move every figure, and this VM's own
-speed drifts by several percent between minutes, so run it on an otherwise idle machine. Two such runs
-(2026-11-29): fit MAPE 8.7 % / 7.4 %; TTFT p50/p90/p99 −3.7/−13.0/−21.1 % and +0.8/−7.1/−30.3 %; TPOT
-−4.9/−3.8/+2.2 % and −1.7/−1.4/+1.1 %; E2E −8.1/−4.2/−7.6 % and −2.8/+0.1/−1.1 %. The p99 of 300
-requests rests on their three slowest. Everything goes to --out (profile, raw timings, plots,
-fidelity.json).
+speed drifts by 5-20 % between minutes, so run it on an otherwise idle machine. The real-time replay runs
+twice (``--no-repeat`` skips the second): the engine against itself on the same workload is the host's
+noise floor, printed next to the simulator's error; a drift probe re-times grid points around each run
+(how much faster or slower the host is than when calibrated).
+
+Runs of 2026-11-29 (300 requests; TTFT / TPOT / E2E relative errors at p50/p90/p99):
+- fit MAPE 8.7 %; TTFT −3.7/−13.0/−21.1 %, TPOT −4.9/−3.8/+2.2 %, E2E −8.1/−4.2/−7.6 % (shipped profile).
+- fit MAPE 7.4 %; TTFT +0.8/−7.1/−30.3 %, TPOT −1.7/−1.4/+1.1 %, E2E −2.8/+0.1/−1.1 %.
+- fit MAPE 7.5 %; TTFT −9.8/−18.7/−17.2 %, TPOT −22.0/−24.4/−12.1 %, E2E −18.5/−22.4/−27.6 %: the host ran
+  6-23 % slower during the replay than predicted (−6.7 % already in the lockstep pass right after the grid);
+  engine against itself: TTFT +0.6/+7.7/−5.0 %, TPOT −0.8/−12.8/+3.4 %, E2E −1.6/−6.1/−12.4 %.
+- fit MAPE 7.0 %; TTFT +2.2/+8.3/−0.9 %, TPOT −0.8/−10.2/+0.7 %, E2E −4.0/−9.7/−13.5 %; engine against
+  itself: TTFT +2.2/+9.5/+6.8 %, TPOT +7.1/+3.1/+13.8 %, E2E +1.2/+5.1/+10.8 %; drift probe ×0.961.
+The p99 of 300 requests rests on their three slowest. Everything goes to --out (profile, raw timings,
+plots, fidelity.json).
 """
 
 from __future__ import annotations
