@@ -1,7 +1,7 @@
 """Fidelity on CPU: calibrate the small model on the cpu grid, then replay an Azure-shaped workload on the real
 engine and in the simulator; print the held-out fit error and the p50/p90/p99 errors of TTFT, TPOT, E2E.
 
-    OMP_NUM_THREADS=1 python benchmarks/fidelity.py --out runs/fid      # calibrate + validate, ~20 min
+    OMP_NUM_THREADS=1 python benchmarks/fidelity.py --out runs/fid      # calibrate + validate, ~21 min
     python benchmarks/fidelity.py --profile calibration/profiles/cpu-small-tp1-measured.yaml   # validate only
 
 Numbers, never pass/fail: on a shared 2-core machine other processes move every figure, and this VM's own
@@ -10,8 +10,12 @@ twice (``--no-repeat`` skips the second): the engine against itself on the same 
 noise floor, printed next to the simulator's error; a drift probe re-times grid points around each run
 (how much faster or slower the host is than when calibrated).
 
-Runs of 2026-11-29 (300 requests; TTFT / TPOT / E2E relative errors at p50/p90/p99):
-- fit MAPE 8.7 %; TTFT −3.7/−13.0/−21.1 %, TPOT −4.9/−3.8/+2.2 %, E2E −8.1/−4.2/−7.6 % (shipped profile).
+Runs of 2026-11-29/30 (300 requests; TTFT / TPOT / E2E relative errors at p50/p90/p99). With the cpu grid's
+6 passes (the shipped profile):
+- fit MAPE 5.0 %; TTFT −2.0/−7.1/−12.5 %, TPOT +2.5/+0.9/−1.8 %, E2E −2.7/−0.1/−0.7 %, throughput +0.04 %;
+  engine against itself: TTFT +2.8/+4.3/+5.8 %, TPOT +8.2/+25.3/+3.1 %, E2E +7.4/+20.6/+25.2 %; probe ×1.017.
+With 2 passes (the grid before; a 512-token prefill's two passes differed by up to 25 %):
+- fit MAPE 8.7 %; TTFT −3.7/−13.0/−21.1 %, TPOT −4.9/−3.8/+2.2 %, E2E −8.1/−4.2/−7.6 %.
 - fit MAPE 7.4 %; TTFT +0.8/−7.1/−30.3 %, TPOT −1.7/−1.4/+1.1 %, E2E −2.8/+0.1/−1.1 %.
 - fit MAPE 7.5 %; TTFT −9.8/−18.7/−17.2 %, TPOT −22.0/−24.4/−12.1 %, E2E −18.5/−22.4/−27.6 %: the host ran
   6-23 % slower during the replay than predicted (−6.7 % already in the lockstep pass right after the grid);

@@ -254,10 +254,13 @@ def cpu_grid() -> Grid:
         *[mixed_point(b, c, n) for b, c, n in ((1, 256, 128), (2, 256, 256), (3, 384, 509), (1, 128, 32))],
         mixed_point(2, 256, 128, 256),
     ]
-    # Two passes in fresh random orders, minutes apart: `fleetsim calibrate` fits the mean of the two
-    # (the engine later runs at the host's average speed; ``aggregate_passes``).
+    # Six passes in fresh random orders, spread over ~4 minutes: `fleetsim calibrate` fits their mean (the
+    # engine later runs at the host's average speed; ``aggregate_passes``). Repeats inside a pass are taken
+    # back to back, at one moment of the host's drift, so the independent samples are the passes: the two
+    # passes of a 512-token prefill differed by up to 25 % on this VM (fidelity runs of 2026-11-29), and the
+    # tail of TTFT follows that estimate. Fewer repeats per pass pay for the extra passes.
     return Grid("cpu", "small", tuple(points),
-                RepeatPolicy(num_warmup=2, num_repeats=7, min_repeats=4, budget_s=0.4), num_passes=2,
+                RepeatPolicy(num_warmup=2, num_repeats=5, min_repeats=3, budget_s=0.3), num_passes=6,
                 description="CPU calibration grid on the small model")
 
 
