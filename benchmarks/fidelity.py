@@ -14,6 +14,9 @@ Runs of 2026-11-29/30 (300 requests; TTFT / TPOT / E2E relative errors at p50/p9
 6 passes (the shipped profile):
 - fit MAPE 5.0 %; TTFT −2.0/−7.1/−12.5 %, TPOT +2.5/+0.9/−1.8 %, E2E −2.7/−0.1/−0.7 %, throughput +0.04 %;
   engine against itself: TTFT +2.8/+4.3/+5.8 %, TPOT +8.2/+25.3/+3.1 %, E2E +7.4/+20.6/+25.2 %; probe ×1.017.
+- a second run of the same: fit MAPE 5.7 %; TTFT −0.7/−9.8/−6.8 %, TPOT −7.8/−4.5/−0.4 %, E2E −5.6/−8.0/−3.3 %,
+  throughput +0.09 %; engine against itself: TTFT +5.9/−2.1/+9.6 %, TPOT +12.5/+21.0/+15.5 %, E2E
+  +10.1/+11.4/+25.5 %; probe ×1.067.
 With 2 passes (the grid before; a 512-token prefill's two passes differed by up to 25 %):
 - fit MAPE 8.7 %; TTFT −3.7/−13.0/−21.1 %, TPOT −4.9/−3.8/+2.2 %, E2E −8.1/−4.2/−7.6 %.
 - fit MAPE 7.4 %; TTFT +0.8/−7.1/−30.3 %, TPOT −1.7/−1.4/+1.1 %, E2E −2.8/+0.1/−1.1 %.

@@ -533,11 +533,11 @@ def validate(options: ValidationOptions, *, out_dir: str | Path, progress: bool 
     if options.mode in ("realtime", "both"):
         from calibration.drift import plan_probe
 
-        probe = plan_probe(profile_path, engine.runner, vocab_size=engine.shape.vocab_size)
-        probes = [probe.measure(engine.runner)] if probe is not None else []
+        drift_plan = plan_probe(profile_path, engine.runner, vocab_size=engine.shape.vocab_size)
+        probes = [drift_plan.measure(engine.runner)] if drift_plan is not None else []
         real = run_engine_realtime(engine, specs, prompts, progress=progress)
-        if probe is not None:
-            probes.append(probe.measure(engine.runner))
+        if drift_plan is not None:
+            probes.append(drift_plan.measure(engine.runner))
         simulated = simulate(scenario, workload)
         sim_steps = simulate_recorded(config, cost, specs)
         errors = relative_errors(real.log, simulated.requests)
@@ -573,8 +573,8 @@ def validate(options: ValidationOptions, *, out_dir: str | Path, progress: bool 
             engine = _make_engine(profile, config, options)
             _warm_up(engine)
             again = run_engine_realtime(engine, specs, prompts, progress=progress)
-            if probe is not None:
-                probes.append(probe.measure(engine.runner))
+            if drift_plan is not None:
+                probes.append(drift_plan.measure(engine.runner))
             fidelity["repeat"] = {
                 "engine_vs_engine": relative_errors(real.log, again.log),
                 "sim_vs_engine": relative_errors(again.log, simulated.requests),
