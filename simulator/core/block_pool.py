@@ -173,10 +173,6 @@ class BlockPool:
             elif count < 0:
                 raise AssertionError(f"block {block_id} freed more often than referenced")
 
-    def cache_block(self, block_id: int, block_hash: int) -> None:
-        """Index a full, computed block under its chained hash (first copy wins)."""
-        self.cache_blocks((block_id,), (block_hash,))
-
     def cache_blocks(self, block_ids: Iterable[int], block_hashes: Iterable[int]) -> None:
         """Index each (block, hash) pair in order; a block already indexed, or a hash already held by
         another block (first copy wins), is left as it is."""

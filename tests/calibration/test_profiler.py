@@ -8,15 +8,14 @@ from the step's shape); one test drives the real runner on the tiny model.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import pytest
 
 pytest.importorskip("torch")
+
+from fake_runner import FakeRunner
 
 from calibration.profiler import (
     CSV_COLUMNS,
@@ -37,31 +36,6 @@ from calibration.profiler import (
 )
 from calibration.timing import RepeatPolicy, WallTimer, repeat, summarize, time_call
 from simulator.errors import ConfigError
-
-
-@dataclass
-class _Timing:
-    device_s: float
-    cycle_s: float
-
-
-class FakeRunner:
-    """Records every step it is handed; its 'time' is a fixed function of the step."""
-
-    def __init__(self, num_blocks: int = 4096, block_size: int = 16) -> None:
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.calls: list[list[Any]] = []
-
-    def execute_timed(self, seqs: Sequence[Any], input_ids: Sequence[int]) -> tuple[list[int], _Timing]:
-        self.calls.append(list(seqs))
-        assert len(input_ids) == sum(s.num_new_tokens for s in seqs)
-        blocks = [b for s in seqs for b in s.block_table]
-        assert len(blocks) == len(set(blocks)), "rows must not share physical blocks"
-        assert all(0 <= b < self.num_blocks for b in blocks)
-        tokens = sum(s.num_new_tokens for s in seqs)
-        device = 1e-3 + 1e-5 * tokens + 1e-7 * sum(s.seq_len for s in seqs)
-        return [0] * len(seqs), _Timing(device_s=device, cycle_s=device + 2e-4)
 
 
 def _info(grid: str = "t", model: str = "tiny") -> RunInfo:

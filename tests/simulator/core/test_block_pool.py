@@ -23,7 +23,7 @@ def test_free_order_is_lru_and_reverse_within_a_request() -> None:
 def test_cached_block_is_evicted_only_when_popped() -> None:
     pool = BlockPool(2)
     (blk,) = pool.get_new_blocks(1)
-    pool.cache_block(blk, 111)
+    pool.cache_blocks((blk,), (111,))
     pool.free_blocks([blk])
     assert pool.get_cached_block(111) == blk  # freed but still findable
     pool.get_new_blocks(1)  # pops block 1, the older free block
@@ -40,7 +40,7 @@ def test_hits_on_free_blocks_leave_no_unbounded_trail() -> None:
     pool = BlockPool(8)
     shared = pool.get_new_blocks(2)
     for i, block in enumerate(shared):
-        pool.cache_block(block, 100 + i)
+        pool.cache_blocks((block,), (100 + i,))
     other = pool.get_new_blocks(1)
     pool.free_blocks(reversed(shared))
     pool.free_blocks(other)
@@ -103,7 +103,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
         holder = data.draw(st.sampled_from(self.holders))
         bid = data.draw(st.sampled_from(holder))
         if self.pool.block_hash(bid) is None and self.pool.enable_caching:
-            self.pool.cache_block(bid, self.next_hash)
+            self.pool.cache_blocks((bid,), (self.next_hash,))
             self.model_cache[self.next_hash] = bid
             self.next_hash += 1
 
