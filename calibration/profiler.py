@@ -461,7 +461,7 @@ def measure_point(runner: TimedRunner, point: GridPoint, policy: RepeatPolicy, *
 def _row(result: PointResult, num_layers: int) -> dict[str, Any]:
     point = result.point
     row: dict[str, Any] = {"point": point.name, "kind": point.kind.value, "pass_index": result.pass_index}
-    row.update(asdict(point.shape))
+    row.update(point.shape._asdict())
     row.pop("num_swap_tokens", None)
     t = result.timings
     row.update(

@@ -11,6 +11,7 @@ Never imports ``calibration``.
 from __future__ import annotations
 
 import bisect
+from itertools import accumulate
 
 import numpy as np
 
@@ -33,6 +34,7 @@ class CostModel:
         "_buckets",
         "_comm_fixed",
         "_comm_per_token",
+        "_decode_consts",
         "_f",
         "_factor",
         "_h0",
@@ -74,6 +76,8 @@ class CostModel:
         self._swap_per_token = profile.memory.kv_bytes_per_token / profile.host_link_Bps
         self._buckets = list(profile.cuda_graph_batch_sizes)
         self._factor = factor
+        self._decode_consts: dict[int, tuple[float, float]] = {}
+        """(base, host) seconds of a decode-only step of each batch size seen (``decode_step_ends``)."""
 
     # -- one step -------------------------------------------------------------------------------------
 
@@ -178,21 +182,21 @@ class CostModel:
             return []
         if batch <= 0:
             return [start_s] * num_steps
-        b, n = self._padded(StepShape(batch, batch, batch, ctx_sum_start, 0, 0.0))
-        base = self._base_s(b, n)
-        host = self._host_s(b, n)
+        consts = self._decode_consts.get(batch)
+        if consts is None:
+            b, n = self._padded(StepShape(batch, batch, batch, ctx_sum_start, 0, 0.0))
+            consts = self._decode_consts[batch] = (self._base_s(b, n), self._host_s(b, n))
+        base, host = consts
         k = self._k
         attn = self._q * 0.0
         factor = self._factor
-        overlap = self._overlap
-        ends = []
-        now = start_s
-        ctx = ctx_sum_start
-        for _ in range(num_steps):
-            dev = base + k * float(ctx) + attn
-            now += ((dev if dev > host else host) if overlap else dev + host) * factor
-            ends.append(now)
-            ctx += batch
+        contexts = range(ctx_sum_start, ctx_sum_start + batch * num_steps, batch)
+        if self._overlap:
+            step_times = [(dev if (dev := base + k * float(ctx) + attn) > host else host) * factor for ctx in contexts]
+        else:
+            step_times = [(base + k * float(ctx) + attn + host) * factor for ctx in contexts]
+        ends = list(accumulate(step_times, initial=start_s))  # one addition at a time, as the clock adds
+        del ends[0]
         return ends
 
     def decode_total_time(self, batch: int, ctx_sum_start: int, num_steps: int) -> float:

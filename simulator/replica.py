@@ -86,15 +86,17 @@ class Replica:
     # ----- work ------------------------------------------------------------------------------------
 
     def submit(self, spec: RequestSpec) -> None:
-        self.sync()  # steps that ended before this arrival are sampled without it
+        active = self._run_state
+        if active is not None:
+            active.advance(self.env.now)  # steps that ended before this arrival are sampled without it
         request = self.scheduler.add_request(spec)
         if request.status is RequestStatus.REJECTED:
             self.log.on_rejected(spec.request_id, self.env.now)
             return
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
-        elif self._run_state is not None and self._run_state.cut_on_arrival and not self._run_state.cut:
-            self.process.interrupt()  # the scheduler would try to admit it at the next step boundary
+        elif active is not None and active.cut_on_arrival and not active.cut:
+            active.cut_at(self.env.now)  # the scheduler would try to admit it at the next step boundary
 
     def _run(self):  # type: ignore[no-untyped-def]  # a SimPy generator
         env = self.env
@@ -105,16 +107,44 @@ class Replica:
         kv = scheduler.kv
         pool = kv.pool
         series = self.series
+        fast_path = self.fast_path
+        cut_possible = scheduler.config.batching is not Batching.STATIC
+        max_num_seqs = scheduler.config.max_num_seqs
         while True:
             if not scheduler.has_work:
                 self._wakeup = env.event()
                 yield self._wakeup
                 self._wakeup = None
                 continue
-            if self.fast_path:
+            if fast_path:
                 num_steps = scheduler.steady_decode_steps()
                 if num_steps >= 2:
-                    yield from self._decode_run(num_steps)
+                    # A decode run: ``num_steps`` identical decode steps in one event, cut short by an
+                    # arrival the scheduler would try to admit (``submit`` -> ``_ActiveRun.cut_at``).
+                    run = DecodeRun(scheduler, num_steps)
+                    start = env.now
+                    # Step end times accumulated one addition at a time from now, as the step-by-step
+                    # clock does.
+                    ends = cost.decode_step_ends(run.batch, run.ctx_sum_start, num_steps, start)
+                    active = _ActiveRun(self, run, ends, cut_possible and run.batch < max_num_seqs)
+                    self._run_state = active
+                    active.advance(start)  # the first step is scheduled now
+                    active.timeout = env.timeout(ends[-1] - start)
+                    yield active.timeout
+                    k = run.num_steps
+                    while env.now < ends[k - 1]:  # cut: the clock reached the cut step's end a hair early
+                        active.timeout = env.timeout(ends[k - 1] - env.now)
+                        yield active.timeout
+                    finished = active.close()
+                    self._run_state = None
+                    if finished:
+                        delivered = ends[k - 1] + latency
+                        for request in finished:
+                            log.on_finish(request.request_id, delivered, request.num_cached_tokens,
+                                          request.num_preemptions)
+                    self.num_steps += k
+                    self.num_fast_steps += k
+                    self.busy_s += ends[k - 1] - start
                     continue
             plan = scheduler.schedule()
             if plan.is_empty:
@@ -143,45 +173,6 @@ class Replica:
             series.maybe_sample(now, len(scheduler.running), scheduler.num_waiting, pool.num_used,
                                 pool.num_blocks, kv.num_hit_tokens, kv.num_lookup_tokens)
 
-    def _decode_run(self, num_steps: int):  # type: ignore[no-untyped-def]  # a SimPy generator
-        """Advance ``num_steps`` identical decode steps in one event (cut short by an arrival that the
-        scheduler would try to admit)."""
-        scheduler = self.scheduler
-        env = self.env
-        run = DecodeRun(scheduler, num_steps)
-        start = env.now
-        # Step end times accumulated one addition at a time from now, as the step-by-step clock does.
-        ends = self.cost_model.decode_step_ends(run.batch, run.ctx_sum_start, num_steps, start)
-        cut_on_arrival = scheduler.config.batching is not Batching.STATIC and len(scheduler.running) < (
-            scheduler.config.max_num_seqs
-        )
-        active = _ActiveRun(self, run, start, ends, cut_on_arrival)
-        self._run_state = active
-        active.advance(env.now)  # the first step is scheduled now
-        try:
-            yield env.timeout(ends[-1] - env.now)
-        except simpy.Interrupt:
-            # An arrival during step j: step j completes, then the scheduler sees the new request.
-            active.cut = True
-            last = bisect.bisect_right(ends, env.now) + 1
-            last = min(last, num_steps)
-            run.truncate(max(last, run.num_done))
-            while env.now < ends[run.num_steps - 1]:
-                try:
-                    yield env.timeout(ends[run.num_steps - 1] - env.now)
-                except simpy.Interrupt:
-                    continue  # already cut: later arrivals just wait for this step to end
-        finished = active.close()
-        self._run_state = None
-        k = run.num_steps
-        if finished:
-            delivered = ends[k - 1] + self.network_latency_s
-            for request in finished:
-                self.log.on_finish(request.request_id, delivered, request.num_cached_tokens, request.num_preemptions)
-        self.num_steps += k
-        self.num_fast_steps += k
-        self.busy_s += ends[k - 1] - start
-
 
 class _ActiveRun:
     """A decode run in flight on a replica: which of its steps have been applied, with their samples.
@@ -190,17 +181,39 @@ class _ActiveRun:
     the series when it ends, so a step is applied once its start has passed and sampled at its end.
     """
 
-    __slots__ = ("cut", "cut_on_arrival", "ends", "num_sampled", "replica", "run", "start_s")
+    __slots__ = ("cut", "cut_on_arrival", "ends", "num_sampled", "replica", "run", "timeout")
 
-    def __init__(self, replica: Replica, run: DecodeRun, start_s: float, ends: list[float],
-                 cut_on_arrival: bool) -> None:
+    def __init__(self, replica: Replica, run: DecodeRun, ends: list[float], cut_on_arrival: bool) -> None:
         self.replica = replica
         self.run = run
-        self.start_s = start_s
         self.ends = ends
         self.cut_on_arrival = cut_on_arrival
         self.cut = False
         self.num_sampled = 0
+        self.timeout: simpy.Timeout | None = None
+        """The event the replica's process waits on: the end of the run's last step."""
+
+    def cut_at(self, now: float) -> None:
+        """An arrival during step j: step j completes, then the scheduler sees the new request. The run
+        is truncated to j steps and the process's wait moved to step j's end (no SimPy interrupt: the
+        process simply waits on a new timeout, as if it had yielded that one)."""
+        self.cut = True
+        run = self.run
+        last = min(bisect.bisect_right(self.ends, now) + 1, run.num_steps)
+        last = max(last, run.num_done)
+        if last == run.num_steps:
+            return  # the arrival came during the run's last step: the wait is already right
+        run.truncate(last)
+        old = self.timeout
+        process = self.replica.process
+        if old is None or process.target is not old:
+            raise RuntimeError("decode run cut while its replica is not waiting on it")
+        new = self.replica.env.timeout(self.ends[last - 1] - now)
+        # Retarget the waiting process: what SimPy does when a process yields an event.
+        old.callbacks.remove(process._resume)  # type: ignore[union-attr]
+        new.callbacks.append(process._resume)  # type: ignore[union-attr]
+        process._target = new
+        self.timeout = new
 
     def advance(self, now: float) -> None:
         """Apply every step of the run that has started by ``now``; sample the ones that have ended."""
@@ -208,7 +221,7 @@ class _ActiveRun:
         if run.num_done >= run.num_steps:
             return
         started = 1 + bisect.bisect_right(self.ends, now)  # step 1 starts at the run's start
-        target = min(run.num_steps, started)
+        target = run.num_steps if started > run.num_steps else started
         self._sample_until(target - 1)
         run.advance_to(target)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterator, Sequence
+from operator import attrgetter
 from typing import ClassVar, Literal, Protocol, get_args
 
 import numpy as np
@@ -101,8 +102,12 @@ def _check_nonempty(views: Sequence[ReplicaView]) -> int:
 def _least_loaded(views: Sequence[ReplicaView]) -> int:
     """Index of the replica with the fewest requests, ties by lowest replica id."""
     n = _check_nonempty(views)
-    # (load, id, index) compared in C: this scan runs once per request over every replica.
-    return min(zip([v.load for v in views], [v.replica_id for v in views], range(n), strict=True))[2]
+    # (load, id, index) read and compared in C: this scan runs once per request over every replica.
+    return min(zip(map(_LOAD, views), map(_REPLICA_ID, views), range(n), strict=True))[2]
+
+
+_LOAD = attrgetter("load")
+_REPLICA_ID = attrgetter("replica_id")
 
 
 _MASK64 = (1 << 64) - 1

@@ -10,7 +10,10 @@ Invariants (tested by a hypothesis state machine):
 
 Blocks are ints, not objects: a replica hands out and frees tens of blocks per request, and a simulated
 fleet does so millions of times. Per-block state lives in flat lists indexed by block id, which grow only
-as blocks are first handed out (a pool of a million blocks costs nothing until it is used).
+as blocks are first handed out (a pool of a million blocks costs nothing until it is used). Without the
+prefix cache nothing is ever shared, so a block is referenced exactly when it has been handed out and is
+not in the free queue: the pool then keeps no per-block state at all, and handing out or freeing n blocks
+is one C-level deque operation rather than n Python steps.
 
 The pool knows nothing about requests or scheduling. Standard library only.
 """
@@ -29,7 +32,7 @@ class BlockPool:
     """All KV blocks of one replica, the free queue, and the hash -> block index of the prefix cache.
 
     The free order starts as all blocks in id order; a freed block goes to the tail. Blocks never handed
-    out therefore always sit at the head, in id order (ids ``len(ref_cnt)`` and above).
+    out therefore always sit at the head, in id order (ids ``_num_handed`` and above).
 
     The freed part of the queue is a deque of block ids. A prefix hit on a free cached block takes it out
     of the middle of the queue; rather than search the deque, the entry is left in place and skipped when
@@ -46,8 +49,11 @@ class BlockPool:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
-        self.ref_cnt: list[int] = []
-        """Reference count of each block handed out so far (index = block id; later ids are all 0)."""
+        self._ref: list[int] = []
+        """With caching: the reference count of each block handed out so far (index = block id; later ids
+        are all 0). Without caching it stays empty (``ref_cnt`` derives the counts)."""
+        self._num_handed = 0
+        """Blocks handed out at least once: ids below this have left the never-used head of the order."""
         self._entries: list[int] = []
         """Entries of each block in ``_freed`` (lazy deletion); kept only with caching, the one user of
         removal from the middle."""
@@ -64,14 +70,27 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks that can be handed out now, including cached blocks nobody references (evictable)."""
-        return self.num_blocks - len(self.ref_cnt) + self._num_freed
+        return self.num_blocks - self._num_handed + self._num_freed
 
     @property
     def num_used(self) -> int:
-        return len(self.ref_cnt) - self._num_freed
+        return self._num_handed - self._num_freed
+
+    @property
+    def ref_cnt(self) -> list[int]:
+        """Reference count of each block handed out so far (index = block id; later ids are all 0).
+        Without caching it is derived, in O(blocks): for checks, not for hot paths."""
+        if self.enable_caching:
+            return self._ref
+        free = set(self._freed)
+        return [0 if block_id in free else 1 for block_id in range(self._num_handed)]
 
     def ref_count(self, block_id: int) -> int:
-        return self.ref_cnt[block_id] if block_id < len(self.ref_cnt) else 0
+        if block_id >= self._num_handed:
+            return 0
+        if self.enable_caching:
+            return self._ref[block_id]
+        return 0 if block_id in self._freed else 1
 
     def block_hash(self, block_id: int) -> int | None:
         """The hash a block is indexed under (it keeps it while free, until it is popped for reuse)."""
@@ -80,15 +99,17 @@ class BlockPool:
     @property
     def free_queue(self) -> list[int]:
         """The free blocks in eviction order (head first)."""
-        return list(range(len(self.ref_cnt), self.num_blocks)) + self._live_freed()
+        return list(range(self._num_handed, self.num_blocks)) + self._live_freed()
 
     def _live_freed(self) -> list[int]:
         """The live entries of the freed queue, in order: a free block's most recent entry."""
+        if not self.enable_caching:
+            return list(self._freed)  # no hits, so no stale entries
         later: dict[int, int] = {}
         for block_id in self._freed:
             later[block_id] = later.get(block_id, 0) + 1
         live = []
-        ref = self.ref_cnt
+        ref = self._ref
         for block_id in self._freed:
             later[block_id] -= 1
             if later[block_id] == 0 and ref[block_id] == 0:
@@ -102,25 +123,27 @@ class BlockPool:
         """Pop blocks from the head of the free order (least recently freed first), evicting their hashes."""
         if num_blocks > self.num_free:
             raise ValueError(f"asked for {num_blocks} blocks, {self.num_free} free")
-        ref = self.ref_cnt
-        start = len(ref)
+        start = self._num_handed
         num_fresh = min(num_blocks, self.num_blocks - start)
+        remaining = num_blocks - num_fresh
+        if not self.enable_caching:
+            # No hits, so no stale entries, no hashes and no counts to keep: range and pops, in C.
+            self._num_handed = start + num_fresh
+            if not remaining:
+                return list(range(start, start + num_fresh))
+            self._num_freed -= remaining
+            reused = list(map(deque.popleft, repeat(self._freed, remaining)))
+            return [*range(start, start + num_fresh), *reused] if num_fresh else reused
+        ref = self._ref
         out = list(range(start, start + num_fresh))
         if num_fresh:
+            self._num_handed = start + num_fresh
             ref.extend([1] * num_fresh)
-            if self.enable_caching:
-                self._entries.extend([0] * num_fresh)
-        remaining = num_blocks - num_fresh
+            self._entries.extend([0] * num_fresh)
         if not remaining:
             return out
         self._num_freed -= remaining
         freed = self._freed
-        if not self.enable_caching:  # no hits, so no stale entries and no hashes: pop and count in C
-            reused = list(map(deque.popleft, repeat(freed, remaining)))
-            for block_id in reused:
-                ref[block_id] = 1
-            out += reused
-            return out
         entries = self._entries
         hash_of = self._hash_of
         while remaining:
@@ -139,7 +162,7 @@ class BlockPool:
 
     def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on prefix-hit blocks; a free one leaves the queue (it is no longer evictable)."""
-        ref = self.ref_cnt
+        ref = self._ref
         for block_id in blocks:
             if ref[block_id] == 0:
                 self._num_freed -= 1  # its queue entry goes stale
@@ -149,19 +172,17 @@ class BlockPool:
 
     def free_blocks(self, blocks: Iterable[int]) -> None:
         """Drop one reference from each block, in the order given; blocks reaching zero go to the tail."""
-        ref = self.ref_cnt
         freed = self._freed
         if not self.enable_caching:
-            # Without the prefix cache nothing is shared: every count is 1 and every block goes to the
-            # tail, in one extend (a count other than 1 is a double free, as in the general loop).
-            ids = blocks if isinstance(blocks, list) else list(blocks)
-            for block_id in ids:
-                if ref[block_id] != 1:
-                    raise AssertionError(f"block {block_id} freed more often than referenced")
-                ref[block_id] = 0
-            freed.extend(ids)
-            self._num_freed += len(ids)
+            # Without the prefix cache nothing is shared: every block freed goes to the tail, in one
+            # extend. A double free shows as more free blocks than were handed out.
+            before = len(freed)
+            freed.extend(blocks)
+            self._num_freed += len(freed) - before
+            if self._num_freed > self._num_handed:
+                raise AssertionError("blocks freed more often than referenced")
             return
+        ref = self._ref
         entries = self._entries
         for block_id in blocks:
             count = ref[block_id] - 1

@@ -14,6 +14,7 @@ Standard library only.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -26,36 +27,42 @@ class DecodeRun:
     (``advance_to``) and closed by ``finish``; ``truncate`` cuts the run short (an arrival that could
     change the batch)."""
 
+    __slots__ = ("_computed0", "_event_steps", "_events", "_next_event", "_output0", "batch", "ctx_sum_start",
+                 "num_done", "num_steps", "requests", "scheduler")
+
     def __init__(self, scheduler: Scheduler, num_steps: int) -> None:
         self.scheduler = scheduler
-        self.requests: list[Request] = list(scheduler.running)
+        requests = self.requests = list(scheduler.running)
         self.num_steps = num_steps
         self.num_done = 0
-        self._computed0 = [r.num_computed_tokens for r in self.requests]
-        self._output0 = [r.num_output_tokens for r in self.requests]
-        self.batch = len(self.requests)
-        self.ctx_sum_start = sum(self._computed0) + self.batch
+        computed0 = self._computed0 = [r.num_computed_tokens for r in requests]
+        self._output0 = [r.num_output_tokens for r in requests]
+        self.batch = len(requests)
+        self.ctx_sum_start = sum(computed0) + self.batch
         """Context sum of the first step: every request attends to its computed tokens plus the new one."""
-        # Steps where a request's KV bookkeeping can change: it starts a new block ((c + j - 1) % bs == 0)
-        # or fills one ((c + j) % bs == 0). All other decode steps are no-ops for the KV manager.
+        # Steps where a request's KV bookkeeping can change: it starts a block it does not hold yet, or
+        # (with the prefix cache) fills a block with a known hash. All other decode steps are no-ops for
+        # the KV manager. Step j of the run computes token c + j - 1 of a request with c computed tokens.
         bs = scheduler.block_size
         kv = scheduler.kv
         tables = kv.req_blocks
-        caching = kv.enable_caching
-        events: dict[int, list[int]] = {}
-        for index, computed in enumerate(self._computed0):
-            request = self.requests[index]
-            offsets: tuple[int, ...] = ()
-            if (computed + num_steps + bs - 1) // bs > len(tables.get(request.request_id, ())):
-                offsets = (1 - computed,)  # steps that start a block it does not hold yet
-            if caching and len(request.block_hashes) > computed // bs:
-                offsets += (-computed,)  # steps that fill a block with a known hash
-            for offset in offsets:
-                step = offset % bs or bs
-                while step <= num_steps:
-                    events.setdefault(step, []).append(index)
-                    step += bs
+        events: list[tuple[int, int]] = []
+        for index, computed in enumerate(computed0):
+            step = len(tables[requests[index].request_id]) * bs - computed + 1  # first token of a new block
+            while step <= num_steps:
+                events.append((step, index))
+                step += bs
+        if kv.enable_caching:
+            for index, computed in enumerate(computed0):
+                if len(requests[index].block_hashes) > computed // bs:
+                    step = -computed % bs or bs  # the step whose token completes a block
+                    while step <= num_steps:
+                        events.append((step, index))
+                        step += bs
+        events.sort()  # step order, running order within a step (a pair listed twice is applied once)
         self._events = events
+        self._event_steps = [step for step, _ in events]
+        self._next_event = 0
 
     def truncate(self, num_steps: int) -> None:
         if not self.num_done <= num_steps <= self.num_steps:
@@ -67,41 +74,43 @@ class DecodeRun:
         step = min(step, self.num_steps)
         if step <= self.num_done:
             return  # already applied (most calls: a router's sync or a sample within one step)
+        self.num_done = step
+        first = self._next_event
+        last = bisect_right(self._event_steps, step, first)
+        if last == first:
+            return
+        self._next_event = last
         kv = self.scheduler.kv
+        events = self._events
+        requests = self.requests
         if not kv.enable_caching:
             # Only block pops happen (no hashes to index): hand them out in one call, in step order.
-            events = self._events
-            requests = self.requests
-            computed0 = self._computed0
-            tokens = [
-                (requests[index].request_id, computed0[index] + j - 1)
-                for j in range(self.num_done + 1, step + 1)
-                for index in events.get(j, ())
-            ]
-            self.num_done = step
-            if tokens:
-                kv.append_decode_blocks(tokens)
+            tables = kv.req_blocks
+            blocks = kv.pool.get_new_blocks(last - first)
+            for (_, index), block_id in zip(events[first:last], blocks, strict=True):
+                tables[requests[index].request_id].append(block_id)
             return
         allocate = kv.allocate
-        while self.num_done < step:
-            self.num_done += 1
-            j = self.num_done
-            indices = self._events.get(j)
-            if not indices:
+        computed0 = self._computed0
+        output0 = self._output0
+        previous = None
+        for event in events[first:last]:
+            if event == previous:
                 continue
-            for index in sorted(set(indices)):
-                request = self.requests[index]
-                request.num_computed_tokens = self._computed0[index] + j - 1
-                request.num_output_tokens = self._output0[index] + j - 1
-                if allocate(request, 1) is None:  # steady_decode_steps checked the pool: cannot happen
-                    raise AssertionError(f"decode run: no KV for {request} at step {j}")
+            previous = event
+            j, index = event
+            request = requests[index]
+            request.num_computed_tokens = computed0[index] + j - 1
+            request.num_output_tokens = output0[index] + j - 1
+            if allocate(request, 1) is None:  # steady_decode_steps checked the pool: cannot happen
+                raise AssertionError(f"decode run: no KV for {request} at step {j}")
 
     def set_counters(self, step: int) -> None:
         """Leave every request as it is after ``step`` steps of the run (for readers of request state,
         e.g. KV usage figures, in the middle of a run; O(batch))."""
-        for index, request in enumerate(self.requests):
-            request.num_computed_tokens = self._computed0[index] + step
-            request.num_output_tokens = self._output0[index] + step
+        for request, computed, outputs in zip(self.requests, self._computed0, self._output0, strict=True):
+            request.num_computed_tokens = computed + step
+            request.num_output_tokens = outputs + step
 
     def finish(self) -> list[Request]:
         """Apply the remaining steps and leave every request as the step-by-step path would, finishing

@@ -159,14 +159,13 @@ class Scheduler:
         e.g. on EOS). Returns the requests that finished, in plan order."""
         finished: list[Request] = []
         for request, num_new in zip(plan.requests, plan.num_new_tokens, strict=True):
-            request.num_computed_tokens += num_new
-            if request.num_computed_tokens < request.num_tokens:
+            computed = request.num_computed_tokens + num_new
+            request.num_computed_tokens = computed
+            if computed < request.num_prompt_tokens + request.num_output_tokens:  # num_tokens
                 continue  # a prompt chunk that did not reach the end: nothing sampled
-            request.num_output_tokens += 1
-            if (
-                request.num_output_tokens >= request.max_output_tokens
-                or request.request_id in stopped_ids
-            ):
+            outputs = request.num_output_tokens + 1
+            request.num_output_tokens = outputs
+            if outputs >= request.max_output_tokens or (stopped_ids and request.request_id in stopped_ids):
                 self._finish(request)
                 finished.append(request)
                 plan.finished_ids.append(request.request_id)
@@ -183,9 +182,9 @@ class Scheduler:
         """Finish, in the order given, every request that has produced its last output token (the end of
         a decode run, whose last step is the one ``update`` would finish them in). Returns them."""
         finished = [r for r in requests if r.num_output_tokens >= r.max_output_tokens]
-        for request in finished:
-            self._finish(request)
         if finished:
+            for request in finished:
+                self._finish(request)
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return finished
 
@@ -209,9 +208,10 @@ class Scheduler:
             return 0
         steps = 1 << 30
         for request in running:
-            if request.num_tokens - request.num_computed_tokens != 1:
+            outputs = request.num_output_tokens
+            if request.num_prompt_tokens + outputs - request.num_computed_tokens != 1:  # num_tokens - computed
                 return 0  # a prompt chunk is still pending
-            remaining = request.max_output_tokens - request.num_output_tokens
+            remaining = request.max_output_tokens - outputs
             if remaining < steps:
                 steps = remaining
         if steps < 2:
@@ -234,12 +234,10 @@ class Scheduler:
     def _blocks_for_steps(self, steps: int) -> int:
         bs = self.block_size
         held = self.kv.req_blocks
-        need = 0
-        for request in self.running:
-            extra = -(-(request.num_computed_tokens + steps) // bs) - len(held[request.request_id])
-            if extra > 0:
-                need += extra
-        return need
+        # Blocks each request must hold after ``steps`` more tokens, beyond those it holds (never < 0).
+        return sum(
+            [max(0, (r.num_computed_tokens + steps + bs - 1) // bs - len(held[r.request_id])) for r in self.running]
+        )
 
     def account_steps(self, num_steps: int) -> None:
         """Counters the step-by-step path advances once per step (a DecodeRun advances them in bulk)."""
@@ -253,10 +251,27 @@ class Scheduler:
         budget = cfg.max_num_batched_tokens
         threshold = cfg.long_prefill_token_threshold
         preempted = False
+        running = self.running
+        tables = self.kv.req_blocks
+        block_size = self.block_size
+        caching = self.kv.enable_caching
+        rows, rows_new, rows_computed = plan.requests, plan.num_new_tokens, plan.num_computed_tokens
         i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
-            num_new = request.num_tokens - request.num_computed_tokens
+        while i < len(running) and budget > 0:
+            request = running[i]
+            computed = request.num_computed_tokens
+            num_new = request.num_prompt_tokens + request.num_output_tokens - computed
+            if num_new == 1 and computed < len(tables[request.request_id]) * block_size and (
+                not caching or (computed + 1) % block_size
+            ):
+                # A decode inside a block the request holds, completing no block: ``allocate`` would
+                # return [] having done nothing (no block to pop, none to index), so skip the call.
+                rows.append(request)
+                rows_new.append(1)
+                rows_computed.append(computed)
+                budget -= 1
+                i += 1
+                continue
             if threshold:
                 num_new = min(num_new, threshold)
             num_new = min(num_new, budget)

@@ -269,7 +269,7 @@ def test_measured_points_beside_a_profile(tmp_path: Path) -> None:
     from simulator.cost_model import CostModel
 
     model = CostModel(measured)
-    frame = pd.DataFrame([dataclasses.asdict(s) for s in shapes]).drop(columns="num_swap_tokens")
+    frame = pd.DataFrame([s._asdict() for s in shapes]).drop(columns="num_swap_tokens")
     frame["device_s"] = [model.device_time(s) for s in shapes]
     frame.to_csv(tmp_path / "tiny-measured.csv", index=False)
     assert data.timings_path(path) == tmp_path / "tiny-measured.csv"
