@@ -2,6 +2,13 @@
 
     python benchmarks/sim_speed.py                 # 10k and 100k on 16 and 64 replicas, plus hard cases
     python benchmarks/sim_speed.py --sizes 10000 100000 1000000 --replicas 16 64
+    python benchmarks/sim_speed.py --repeat 5      # each case 5 times: the fastest and the median
+
+    # Instructions per simulated request: a noise-free figure for before/after comparisons (wall time on
+    # a shared VM moves by +-30 % from run to run). Run under callgrind with instrumentation off; the
+    # benchmark switches it on around each simulation only (workload generation, simulation, summary).
+    valgrind --tool=callgrind --instr-atstart=no python benchmarks/sim_speed.py --instructions \
+        --sizes 2000 --replicas 16 --no-hard
 
 The chat workload: Azure-2023-conversation prompt and output lengths (empirical, from the shared trace),
 Poisson arrivals at a fixed load per replica. Prints one line per run and the scaling ratios
@@ -11,9 +18,13 @@ Poisson arrivals at a fixed load per replica. Prints one line per run and the sc
 from __future__ import annotations
 
 import argparse
+import os
 import resource
+import statistics
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import simpy
@@ -65,24 +76,64 @@ class EventCounter:
         simpy.Environment.step = self._step  # type: ignore[method-assign]
 
 
-def measure(raw: dict[str, Any], overrides: list[str] | None = None, count_events: bool = False) -> dict[str, float]:
-    loaded = load_mapping(raw, overrides or [])
-    start = time.perf_counter()
-    if count_events:
-        with EventCounter() as counter:
+class InstructionCounter:
+    """Instructions executed inside a ``with`` block, when this process runs under
+    ``valgrind --tool=callgrind --instr-atstart=no`` (a benchmark-only instrument): zero the counters and
+    switch instrumentation on at entry; at exit switch it off, dump, and read the dump's total."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._pid = str(os.getpid())
+
+    def _control(self, *args: str) -> None:
+        done = subprocess.run(["callgrind_control", *args, self._pid], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SystemExit("--instructions needs valgrind --tool=callgrind --instr-atstart=no (see the docstring)")
+
+    def __enter__(self) -> InstructionCounter:
+        self._control("--zero")
+        self._control("--instr=on")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._control("--instr=off")
+        before = set(Path.cwd().glob(f"callgrind.out.{self._pid}.*"))
+        self._control("--dump=sim_speed")
+        (dump,) = set(Path.cwd().glob(f"callgrind.out.{self._pid}.*")) - before
+        totals = [line for line in dump.read_text().splitlines() if line.startswith("totals:")]
+        self.count = int(totals[-1].split()[1])
+        dump.unlink()  # ours: one per case
+
+
+def measure(raw: dict[str, Any], overrides: list[str] | None = None, count_events: bool = False,
+            repeat: int = 1, instructions: bool = False) -> dict[str, float]:
+    walls = []
+    events = 0
+    instr = 0
+    for _ in range(repeat):
+        loaded = load_mapping(raw, overrides or [])
+        start = time.perf_counter()
+        if instructions:
+            with InstructionCounter() as instr_counter:
+                result = run(loaded)
+            instr = instr_counter.count
+        elif count_events:
+            with EventCounter() as counter:
+                result = run(loaded)
+            events = counter.count
+        else:
             result = run(loaded)
-        events = counter.count
-    else:
-        result = run(loaded)
-        events = 0
-    wall = time.perf_counter() - start
+        walls.append(time.perf_counter() - start)
+    wall = min(walls)
     summary = next(iter(result.variants.values())).summary.to_dict()
     n = summary["requests_arrived"]
     return {
         "requests": n,
         "wall_s": wall,
+        "wall_median_s": statistics.median(walls),
         "req_per_s": n / wall,
-        "events_per_s": events / wall if count_events else float("nan"),
+        "events_per_s": events / walls[-1] if count_events else float("nan"),
+        "instructions_per_request": instr / n if instructions else float("nan"),
         "completed": summary["requests_completed"],
         "preemptions": summary["preemptions"],
         "prefix_hit_rate": summary["prefix_hit_rate"],
@@ -92,9 +143,14 @@ def measure(raw: dict[str, Any], overrides: list[str] | None = None, count_event
 
 
 def line(label: str, m: dict[str, float]) -> str:
-    return (f"{label:34s} {m['requests']:>9,.0f} req  {m['wall_s']:7.2f} s  {m['req_per_s']:>9,.0f} req/s  "
+    text = (f"{label:34s} {m['requests']:>9,.0f} req  {m['wall_s']:7.2f} s  {m['req_per_s']:>9,.0f} req/s  "
             f"{m['events_per_s']:>10,.0f} ev/s  peak RSS {m['peak_rss_mb']:6.0f} MB  "
             f"preempt {m['preemptions']:.0f}  hit {m['prefix_hit_rate']:.2f}")
+    if m["wall_median_s"] != m["wall_s"]:
+        text += f"  (median {m['wall_median_s']:.2f} s)"
+    if m["instructions_per_request"] == m["instructions_per_request"]:  # not NaN
+        text += f"  {m['instructions_per_request']:,.0f} instructions/req"
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,12 +162,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-by-step", action="store_true", help="disable the decode-run fast path")
     parser.add_argument("--no-events", dest="events", action="store_false",
                         help="do not count SimPy events (counting wraps Environment.step: a few %% slower)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run each case this many times; report the fastest (and the median)")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions per request (run under callgrind: see the docstring)")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be >= 1")
     fast = [] if not args.step_by_step else ["simulation.fast_path=false"]
+    options = (fast, args.events, args.repeat, args.instructions)
+    if args.instructions:
+        # Load the trace and warm every code path once, uncounted: a small run's count should be the
+        # simulation's, not the trace parse a long run amortises.
+        run(load_mapping(chat_scenario(200, 4, args.rate_per_replica), fast))
     per_request: dict[tuple[int, int], float] = {}
     for replicas in args.replicas:
         for size in args.sizes:
-            m = measure(chat_scenario(size, replicas, args.rate_per_replica), fast, args.events)
+            m = measure(chat_scenario(size, replicas, args.rate_per_replica), *options)
             per_request[(replicas, size)] = m["wall_s"] / m["requests"]
             print(line(f"chat {replicas} replicas", m), flush=True)
     small, large = min(args.sizes), max(args.sizes)
@@ -137,10 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         sessions["engine"] = {"preset": "vllm"}
         sessions["router"] = {"policy": "session_affinity"}
-        print(line("sessions + prefix cache + affinity", measure(sessions, fast, args.events)), flush=True)
+        print(line("sessions + prefix cache + affinity", measure(sessions, *options)), flush=True)
         overload = chat_scenario(small, 16, args.rate_per_replica * 3)
         overload["engine"] = {"preset": "vllm", "kv": {"num_blocks": 6000}, "max_num_seqs": 128}
-        print(line("chunked, overload (preemptions)", measure(overload, fast, args.events)), flush=True)
+        print(line("chunked, overload (preemptions)", measure(overload, *options)), flush=True)
     return 0
 
 

@@ -242,7 +242,9 @@ class _ActiveRun:
         series = self.replica.series
         ends = self.ends
         while True:
-            j = max(bisect.bisect_left(ends, series.next_sample_s), self.num_sampled + 1)
+            j = bisect.bisect_left(ends, series.next_sample_s)
+            if j <= self.num_sampled:
+                j = self.num_sampled + 1
             if j > last:
                 return
             self.run.advance_to(j)

@@ -14,7 +14,6 @@ Standard library only.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -27,7 +26,7 @@ class DecodeRun:
     (``advance_to``) and closed by ``finish``; ``truncate`` cuts the run short (an arrival that could
     change the batch)."""
 
-    __slots__ = ("_computed0", "_event_steps", "_events", "_next_event", "_output0", "batch", "ctx_sum_start",
+    __slots__ = ("_computed0", "_cursor", "_output0", "_progressions", "batch", "block_size", "ctx_sum_start",
                  "num_done", "num_steps", "requests", "scheduler")
 
     def __init__(self, scheduler: Scheduler, num_steps: int) -> None:
@@ -42,27 +41,56 @@ class DecodeRun:
         """Context sum of the first step: every request attends to its computed tokens plus the new one."""
         # Steps where a request's KV bookkeeping can change: it starts a block it does not hold yet, or
         # (with the prefix cache) fills a block with a known hash. All other decode steps are no-ops for
-        # the KV manager. Step j of the run computes token c + j - 1 of a request with c computed tokens.
-        bs = scheduler.block_size
+        # the KV manager. Step j of the run computes token c + j - 1 of a request with c computed tokens,
+        # so each kind of event recurs every block_size steps from its first step f: it is kept as
+        # (phase, index, cycle) with f = phase + cycle * block_size, phase in 1..block_size, and expanded
+        # lazily (most runs are cut after a few steps). In cycle m, event (phase, index, cycle) falls on
+        # step phase + m * block_size if cycle <= m: sorted by (phase, index), one cycle's events come in
+        # step order, running order within a step.
+        bs = self.block_size = scheduler.block_size
         kv = scheduler.kv
         tables = kv.req_blocks
-        events: list[tuple[int, int]] = []
-        for index, computed in enumerate(computed0):
-            step = len(tables[requests[index].request_id]) * bs - computed + 1  # first token of a new block
-            while step <= num_steps:
-                events.append((step, index))
-                step += bs
+        firsts = [
+            (len(tables[request.request_id]) * bs - computed + 1, index)  # first token of a new block
+            for index, (request, computed) in enumerate(zip(requests, computed0, strict=True))
+        ]
         if kv.enable_caching:
-            for index, computed in enumerate(computed0):
-                if len(requests[index].block_hashes) > computed // bs:
-                    step = -computed % bs or bs  # the step whose token completes a block
-                    while step <= num_steps:
-                        events.append((step, index))
-                        step += bs
-        events.sort()  # step order, running order within a step (a pair listed twice is applied once)
-        self._events = events
-        self._event_steps = [step for step, _ in events]
-        self._next_event = 0
+            firsts += [
+                (-computed % bs or bs, index)  # the step whose token completes a block
+                for index, (request, computed) in enumerate(zip(requests, computed0, strict=True))
+                if len(request.block_hashes) > computed // bs
+            ]
+        progressions = [((f - 1) % bs + 1, index, (f - 1) // bs) for f, index in firsts if 1 <= f <= num_steps]
+        progressions.sort()  # a pair listed twice (block size 1) is applied once
+        self._progressions = progressions
+        self._cursor = (0, 0)
+        """(cycle, position in the progressions) of the next event not yet applied."""
+
+    def _take_events(self, step: int) -> list[tuple[int, int]]:
+        """The (step, index) events after the cursor up to ``step``, in order; moves the cursor past them."""
+        progressions = self._progressions
+        if not progressions:
+            return []
+        bs = self.block_size
+        cycle, position = self._cursor
+        out: list[tuple[int, int]] = []
+        count = len(progressions)
+        while True:
+            base = cycle * bs
+            if base + 1 > step:
+                break
+            while position < count:
+                phase, index, first_cycle = progressions[position]
+                if phase + base > step:
+                    self._cursor = (cycle, position)
+                    return out
+                if first_cycle <= cycle:
+                    out.append((phase + base, index))
+                position += 1
+            cycle += 1
+            position = 0
+        self._cursor = (cycle, position)
+        return out
 
     def truncate(self, num_steps: int) -> None:
         if not self.num_done <= num_steps <= self.num_steps:
@@ -71,30 +99,28 @@ class DecodeRun:
 
     def advance_to(self, step: int) -> None:
         """Apply the KV work of steps ``num_done + 1 .. step`` in step order, running order within a step."""
-        step = min(step, self.num_steps)
+        if step > self.num_steps:
+            step = self.num_steps
         if step <= self.num_done:
             return  # already applied (most calls: a router's sync or a sample within one step)
         self.num_done = step
-        first = self._next_event
-        last = bisect_right(self._event_steps, step, first)
-        if last == first:
+        events = self._take_events(step)
+        if not events:
             return
-        self._next_event = last
         kv = self.scheduler.kv
-        events = self._events
         requests = self.requests
         if not kv.enable_caching:
             # Only block pops happen (no hashes to index): hand them out in one call, in step order.
             tables = kv.req_blocks
-            blocks = kv.pool.get_new_blocks(last - first)
-            for (_, index), block_id in zip(events[first:last], blocks, strict=True):
+            blocks = kv.pool.get_new_blocks(len(events))
+            for (_, index), block_id in zip(events, blocks, strict=True):
                 tables[requests[index].request_id].append(block_id)
             return
         allocate = kv.allocate
         computed0 = self._computed0
         output0 = self._output0
         previous = None
-        for event in events[first:last]:
+        for event in events:
             if event == previous:
                 continue
             previous = event

@@ -220,7 +220,9 @@ class Scheduler:
             return steps  # contiguous and reserve already hold every block the run needs
         # Paged KV: the blocks the run will pop must all be free now, else a step would preempt.
         free = self.kv.num_free_blocks
-        if self._blocks_for_steps(steps) <= free:
+        # Each request pops at most ceil(steps / block_size) blocks (one per block boundary crossed): when
+        # even that many for all of them are free, the exact count is not needed.
+        if len(running) * -(-steps // self.block_size) <= free or self._blocks_for_steps(steps) <= free:
             return steps
         low, high = 0, steps  # the largest run that fits; blocks needed grow with the run
         while low < high:
