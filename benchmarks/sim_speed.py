@@ -13,6 +13,9 @@
 The chat workload: Azure-2023-conversation prompt and output lengths (empirical, from the shared trace),
 Poisson arrivals at a fixed load per replica. Prints one line per run and the scaling ratios
 (time per request at the largest size / at the smallest; at 64 replicas / at 16).
+
+The per-step hot path runs compiled when ``fleetsim build-native`` has built it for these sources (the
+first line printed says which); ``FLEETSIM_PURE_PYTHON=1`` measures pure Python.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 
 import simpy
 
+from simulator import native
 from simulator.fleet import run
 from simulator.scenario import load_mapping
 
@@ -171,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeat must be >= 1")
     fast = [] if not args.step_by_step else ["simulation.fast_path=false"]
     options = (fast, args.events, args.repeat, args.instructions)
+    build = "compiled with mypyc (fleetsim build-native)" if native.active() else "pure Python"
+    print(f"hot path: {build}; Python {sys.version.split()[0]}", flush=True)
     if args.instructions:
         # Load the trace and warm every code path once, uncounted: a small run's count should be the
         # simulation's, not the trace parse a long run amortises.

@@ -349,17 +349,13 @@ def simulate_recorded(config: SchedulerConfig, cost: CostModel, specs: Sequence[
 
     env = simpy.Environment()
     log = RequestLog(len(specs))
-    replica = Replica(env, 0, config, cost, log, ReplicaSeries(0, 1.0), fast_path=False)
     plans: list[StepPlan] = []
-    schedule = replica.scheduler.schedule
 
-    def recording_schedule() -> StepPlan:
-        plan = schedule()
+    def record(plan: StepPlan) -> None:
         if plan.requests:
             plans.append(plan)
-        return plan
 
-    replica.scheduler.schedule = recording_schedule  # type: ignore[method-assign]
+    replica = Replica(env, 0, config, cost, log, ReplicaSeries(0, 1.0), fast_path=False, on_plan=record)
 
     def arrivals() -> Any:
         for spec in specs:

@@ -151,6 +151,24 @@ def cmd_policies(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_build_native(args: argparse.Namespace) -> int:
+    from simulator import native
+
+    folder = native.build_dir()
+    if args.status:
+        built = (folder / "manifest.json").is_file()
+        state = "in use" if native.active() else ("built, not in use" if built else "not built")
+        print(f"compiled hot path: {state} ({folder})")
+        return 0
+    try:
+        native.build()
+    except native.NativeBuildError as err:
+        print(f"fleetsim: error: {err}", file=sys.stderr)
+        return 1
+    print("later runs load it automatically (FLEETSIM_PURE_PYTHON=1 turns it off)")
+    return 0
+
+
 PLUGINS: dict[str, str] = {
     "dashboard": "simulator.cli_dashboard",
     "plan": "simulator.cli_plan",
@@ -177,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("policies", help="list registered policy names per family")
     p.set_defaults(func=cmd_policies)
+
+    p = sub.add_parser("build-native", help="compile the per-step hot path with mypyc (optional, ~1.7x faster)")
+    p.add_argument("--status", action="store_true", help="only say whether a build for these sources exists")
+    p.set_defaults(func=cmd_build_native)
 
     for module in PLUGINS.values():
         importlib.import_module(module).register(sub)

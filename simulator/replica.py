@@ -8,7 +8,7 @@ step, never per token; an idle replica sleeps until work arrives.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import simpy
 
@@ -16,6 +16,7 @@ from simulator.core.config import Batching, SchedulerConfig
 from simulator.core.decode_run import DecodeRun
 from simulator.core.request import Request, RequestSpec, RequestStatus
 from simulator.core.scheduler import Scheduler
+from simulator.core.step import StepPlan
 from simulator.cost_model import CostModel
 from simulator.metrics import ReplicaSeries, RequestLog
 
@@ -34,6 +35,7 @@ class Replica:
         *,
         network_latency_s: float = 0.0,
         fast_path: bool = True,
+        on_plan: Callable[[StepPlan], None] | None = None,
     ) -> None:
         self.env = env
         self.replica_id = replica_id
@@ -45,6 +47,8 @@ class Replica:
         self.num_steps = 0
         self.busy_s = 0.0
         self.fast_path = fast_path
+        self.on_plan = on_plan
+        """Called with every plan the scheduler makes on the step-by-step path (validation records them)."""
         self.num_fast_steps = 0
         """Steps advanced inside decode runs (the rest went one event per step)."""
         self._wakeup: simpy.Event | None = None
@@ -147,6 +151,8 @@ class Replica:
                     self.busy_s += ends[k - 1] - start
                     continue
             plan = scheduler.schedule()
+            if self.on_plan is not None:
+                self.on_plan(plan)
             if plan.is_empty:
                 # Work that cannot start (it waits on memory no running request will free): wait for
                 # the next arrival rather than spin. The core rejects requests that can never fit.

@@ -1,13 +1,13 @@
 """The simulator's decode-run fast path gives the same per-request results as one event per step."""
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pytest
 
-import simulator.core.decode_run as decode_run
-from simulator.core.request import Request
 from simulator.fleet import run
+from simulator.replica import Replica
 from simulator.scenario import load_mapping
 
 BASE: dict[str, Any] = {
@@ -45,20 +45,18 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_fast_path_matches_step_by_step(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    runs = []
-    finish = decode_run.DecodeRun.finish
+def test_fast_path_matches_step_by_step(case: str) -> None:
+    fast_steps: list[int] = []
 
-    def counting_finish(self: decode_run.DecodeRun) -> list[Request]:
-        runs.append(self.num_steps)
-        return finish(self)
+    def count_fast_steps(variant: str, replicas: Sequence[Replica]) -> None:
+        fast_steps.append(sum(r.num_fast_steps for r in replicas))
 
-    monkeypatch.setattr(decode_run.DecodeRun, "finish", counting_finish)
     results = {}
     for fast in (False, True):
         loaded = load_mapping(BASE, [*CASES[case], f"simulation.fast_path={str(fast).lower()}"])
-        results[fast] = run(loaded).variants["base"]
-    assert runs, "the fast path was never taken: the test would prove nothing"
+        results[fast] = run(loaded, inspect=count_fast_steps).variants["base"]
+    assert fast_steps[0] == 0, "the step-by-step reference took decode runs"
+    assert fast_steps[1] > 0, "the fast path was never taken: the test would prove nothing"
     slow, fast_result = results[False].requests.columns(), results[True].requests.columns()
     for column, values in slow.items():
         other = fast_result[column]

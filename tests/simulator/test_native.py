@@ -1,0 +1,83 @@
+"""The optional mypyc build of the hot path: used only for exactly the sources on disk, and it gives the
+same per-request results as pure Python (it is the same code, compiled)."""
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from simulator import native
+
+# Runs a few fast-path test scenarios (preemption, prefix caching, swap) and saves every per-request column.
+RUN = """
+import sys, numpy as np
+sys.path.insert(0, {tests!r})
+import simulator.native
+from simulator.fleet import run
+from simulator.scenario import load_mapping
+from test_fast_path import BASE, CASES
+columns = {{}}
+for case in ("chunked", "overload-preemption", "sessions-prefix", "tgi-swap"):
+    result = run(load_mapping(BASE, CASES[case])).variants["base"]
+    for name, values in result.requests.columns().items():
+        columns[case + "/" + name] = values
+np.savez({out!r}, **columns)
+print("active" if simulator.native.active() else "pure")
+"""
+
+
+def _python(code: str, **env: str) -> str:
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True,
+                          text=True, check=True)
+    return done.stdout.strip()
+
+
+def test_no_build_for_these_sources_means_pure_python(tmp_path: Path) -> None:
+    # A build folder for other sources (a stale digest) is never loaded.
+    stale = tmp_path / "0123456789abcdef0123"
+    stale.mkdir()
+    (stale / "manifest.json").write_text(json.dumps({"digest": stale.name, "files": {}}))
+    code = "import simulator.native as n, simulator.core.scheduler as s; print(n.active(), s.__file__)"
+    active, path = _python(code, FLEETSIM_NATIVE_CACHE=str(tmp_path), FLEETSIM_PURE_PYTHON="").split()
+    assert active == "False" and path.endswith("scheduler.py")
+
+
+def test_digest_follows_the_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    copy = tmp_path / "simulator"
+    shutil.copytree(Path(native.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(native, "_PACKAGE_ROOT", tmp_path)
+    before = native.source_digest()
+    scheduler = copy / "core" / "scheduler.py"
+    scheduler.write_text(scheduler.read_text() + "\n# an edit\n")
+    assert native.source_digest() != before
+
+
+def _can_compile() -> str | None:
+    if importlib.util.find_spec("mypyc") is None:
+        return "mypyc is not installed"
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        return f"no C compiler ({compiler})"
+    return None
+
+
+@pytest.mark.skipif(_can_compile() is not None, reason=str(_can_compile()))
+def test_compiled_build_gives_identical_results(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    env = {"FLEETSIM_NATIVE_CACHE": str(cache), "FLEETSIM_PURE_PYTHON": ""}
+    _python("from simulator import native; native.build(progress=lambda _: None)", **env)
+    tests = str(Path(__file__).resolve().parent)
+    pure, compiled = tmp_path / "pure.npz", tmp_path / "compiled.npz"
+    assert _python(RUN.format(tests=tests, out=str(pure)), **{**env, "FLEETSIM_PURE_PYTHON": "1"}) == "pure"
+    assert _python(RUN.format(tests=tests, out=str(compiled)), **env) == "active"
+    with np.load(pure) as a, np.load(compiled) as b:
+        assert sorted(a.files) == sorted(b.files)
+        for name in a.files:
+            np.testing.assert_array_equal(b[name], a[name], err_msg=name)
