@@ -1,5 +1,10 @@
 """Block pool: KV blocks (plain integer ids) with reference counts, an LRU free queue and a prefix-cache index.
 
+With the prefix cache on, the invariants below hold; with it off, no block is ever shared or found again,
+so eviction order means nothing and the pool is a stack instead: the most recently freed block is handed
+out first, then never-used ones (a fleet of replicas then touches only the blocks it needs at its peak,
+not every block of every pool, which keeps a large simulation's working set in the CPU's caches).
+
 Invariants (tested by a hypothesis state machine):
 - every block is either referenced (``ref_count > 0``) or in the free queue, never both;
 - free blocks + referenced blocks = all blocks;
@@ -12,8 +17,8 @@ Blocks are ints, not objects: a replica hands out and frees tens of blocks per r
 fleet does so millions of times. Per-block state lives in flat lists indexed by block id, which grow only
 as blocks are first handed out (a pool of a million blocks costs nothing until it is used). Without the
 prefix cache nothing is ever shared, so a block is referenced exactly when it has been handed out and is
-not in the free queue: the pool then keeps no per-block state at all, and handing out or freeing n blocks
-is one C-level deque operation rather than n Python steps.
+not in the free stack: the pool then keeps no per-block state at all, and handing out or freeing n blocks
+is one C-level list operation rather than n Python steps.
 
 The pool knows nothing about requests or scheduling. Standard library only.
 """
@@ -22,7 +27,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from itertools import repeat
 
 _COMPACT_SLACK = 1024
 """Stale free-queue entries tolerated beyond the live ones before the queue is rebuilt without them."""
@@ -58,9 +62,12 @@ class BlockPool:
         """Entries of each block in ``_freed`` (lazy deletion); kept only with caching, the one user of
         removal from the middle."""
         self._freed: deque[int] = deque()
-        """Blocks handed out and freed since, in the order they were freed (after the never-used ones)."""
+        """With caching: blocks handed out and freed since, in the order they were freed (after the
+        never-used ones)."""
+        self._stack: list[int] = []
+        """Without caching: blocks handed out and freed since, the most recently freed last (popped first)."""
         self._num_freed = 0
-        """Live entries of ``_freed``."""
+        """Live entries of ``_freed`` (with caching) or of ``_stack`` (without)."""
         self._hash_of: dict[int, int] = {}
         """Block id -> the hash it is indexed under."""
         self.cached: dict[int, int] = {}
@@ -82,7 +89,7 @@ class BlockPool:
         Without caching it is derived, in O(blocks): for checks, not for hot paths."""
         if self.enable_caching:
             return self._ref
-        free = set(self._freed)
+        free = set(self._stack)
         return [0 if block_id in free else 1 for block_id in range(self._num_handed)]
 
     def ref_count(self, block_id: int) -> int:
@@ -90,7 +97,7 @@ class BlockPool:
             return 0
         if self.enable_caching:
             return self._ref[block_id]
-        return 0 if block_id in self._freed else 1
+        return 0 if block_id in self._stack else 1
 
     def block_hash(self, block_id: int) -> int | None:
         """The hash a block is indexed under (it keeps it while free, until it is popped for reuse)."""
@@ -98,13 +105,15 @@ class BlockPool:
 
     @property
     def free_queue(self) -> list[int]:
-        """The free blocks in eviction order (head first)."""
-        return list(range(self._num_handed, self.num_blocks)) + self._live_freed()
+        """The free blocks in the order they will be handed out: eviction order with caching (head first);
+        without it, most recently freed first, then the never-used ones."""
+        never_used = list(range(self._num_handed, self.num_blocks))
+        if not self.enable_caching:
+            return self._stack[::-1] + never_used
+        return never_used + self._live_freed()
 
     def _live_freed(self) -> list[int]:
         """The live entries of the freed queue, in order: a free block's most recent entry."""
-        if not self.enable_caching:
-            return list(self._freed)  # no hits, so no stale entries
         later: dict[int, int] = {}
         for block_id in self._freed:
             later[block_id] = later.get(block_id, 0) + 1
@@ -120,20 +129,31 @@ class BlockPool:
         return self.cached.get(block_hash)
 
     def get_new_blocks(self, num_blocks: int) -> list[int]:
-        """Pop blocks from the head of the free order (least recently freed first), evicting their hashes."""
+        """Pop blocks from the head of the free order (least recently freed first), evicting their hashes;
+        without caching, the most recently freed first."""
         if num_blocks > self.num_free:
             raise ValueError(f"asked for {num_blocks} blocks, {self.num_free} free")
         start = self._num_handed
+        if not self.enable_caching:
+            # No hits, no hashes, no counts to keep: slices of the stack, then fresh ids, in C.
+            stack = self._stack
+            num_reused = min(num_blocks, len(stack))
+            if num_blocks <= 0:
+                return []
+            if num_reused == num_blocks:
+                out = stack[: -num_blocks - 1 : -1]
+                del stack[-num_blocks:]
+                self._num_freed -= num_blocks
+                return out
+            out = stack[::-1]
+            stack.clear()
+            self._num_freed = 0
+            num_fresh = num_blocks - num_reused
+            self._num_handed = start + num_fresh
+            out += range(start, start + num_fresh)
+            return out
         num_fresh = min(num_blocks, self.num_blocks - start)
         remaining = num_blocks - num_fresh
-        if not self.enable_caching:
-            # No hits, so no stale entries, no hashes and no counts to keep: range and pops, in C.
-            self._num_handed = start + num_fresh
-            if not remaining:
-                return list(range(start, start + num_fresh))
-            self._num_freed -= remaining
-            reused = list(map(deque.popleft, repeat(self._freed, remaining)))
-            return [*range(start, start + num_fresh), *reused] if num_fresh else reused
         ref = self._ref
         out = list(range(start, start + num_fresh))
         if num_fresh:
@@ -172,16 +192,16 @@ class BlockPool:
 
     def free_blocks(self, blocks: Iterable[int]) -> None:
         """Drop one reference from each block, in the order given; blocks reaching zero go to the tail."""
-        freed = self._freed
         if not self.enable_caching:
-            # Without the prefix cache nothing is shared: every block freed goes to the tail, in one
+            # Without the prefix cache nothing is shared: every block freed goes on the stack, in one
             # extend. A double free shows as more free blocks than were handed out.
-            before = len(freed)
-            freed.extend(blocks)
-            self._num_freed += len(freed) - before
+            stack = self._stack
+            stack.extend(blocks)
+            self._num_freed = len(stack)
             if self._num_freed > self._num_handed:
                 raise AssertionError("blocks freed more often than referenced")
             return
+        freed = self._freed
         ref = self._ref
         entries = self._entries
         for block_id in blocks:

@@ -9,6 +9,18 @@ from simulator.core.kv_manager import KVManager
 from simulator.core.request import Request, RequestSpec
 
 
+def test_without_caching_the_last_freed_block_is_reused_first() -> None:
+    pool = BlockPool(6, enable_caching=False)
+    a = pool.get_new_blocks(3)  # ids 0 1 2
+    b = pool.get_new_blocks(2)  # ids 3 4
+    pool.free_blocks(reversed(b))
+    pool.free_blocks(reversed(a))
+    assert pool.free_queue == [0, 1, 2, 3, 4, 5]  # a's head was freed last
+    assert pool.get_new_blocks(4) == [0, 1, 2, 3]
+    assert pool.get_new_blocks(2) == [4, 5]  # the stack empties, then a never-used block
+    assert pool.num_free == 0
+
+
 def test_free_order_is_lru_and_reverse_within_a_request() -> None:
     pool = BlockPool(6)
     a = pool.get_new_blocks(3)  # ids 0 1 2
@@ -83,7 +95,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
             return
         blocks = self.pool.get_new_blocks(n)
         expected, self.model_queue = self.model_queue[:n], self.model_queue[n:]
-        assert blocks == expected  # popped from the LRU head
+        assert blocks == expected  # popped from the head (LRU with caching, the stack's top without)
         for bid in expected:
             self.model_cache = {h: b for h, b in self.model_cache.items() if b != bid}
         self.holders.append(expected)
@@ -95,7 +107,10 @@ class BlockPoolMachine(RuleBasedStateMachine):
         self.pool.free_blocks(reversed(holder))
         for bid in reversed(holder):
             if self._refs(bid) == 0:
-                self.model_queue.append(bid)
+                if self.pool.enable_caching:
+                    self.model_queue.append(bid)  # LRU: freed last, evicted last
+                else:
+                    self.model_queue.insert(0, bid)  # a stack: freed last, handed out first
 
     @precondition(lambda self: self.holders)
     @rule(data=st.data())
@@ -124,7 +139,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
     @invariant()
     def conserved_and_consistent(self) -> None:
         queue_ids = self.pool.free_queue
-        assert queue_ids == self.model_queue  # LRU order as documented
+        assert queue_ids == self.model_queue  # hand-out order as documented
         assert len(queue_ids) == self.pool.num_free
         referenced = [b for b in range(self.pool.num_blocks) if self.pool.ref_count(b) > 0]
         assert len(referenced) + self.pool.num_free == self.pool.num_blocks
