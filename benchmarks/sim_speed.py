@@ -21,6 +21,7 @@ first line printed says which); ``FLEETSIM_PURE_PYTHON=1`` measures pure Python.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import resource
 import statistics
@@ -111,6 +112,18 @@ class InstructionCounter:
 
 def measure(raw: dict[str, Any], overrides: list[str] | None = None, count_events: bool = False,
             repeat: int = 1, instructions: bool = False) -> dict[str, float]:
+    """One case, in a forked child so that its peak RSS is its own (not an earlier, larger case's); in
+    the process itself under callgrind, whose instrumentation is per process."""
+    args = (raw, overrides, count_events, repeat, instructions)
+    if instructions or "fork" not in multiprocessing.get_all_start_methods():
+        return _measure(*args)
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        return pool.apply(_measure, args)
+
+
+def _measure(raw: dict[str, Any], overrides: list[str] | None, count_events: bool, repeat: int,
+             instructions: bool) -> dict[str, float]:
     walls = []
     events = 0
     instr = 0
@@ -177,10 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     options = (fast, args.events, args.repeat, args.instructions)
     build = "compiled with mypyc (fleetsim build-native)" if native.active() else "pure Python"
     print(f"hot path: {build}; Python {sys.version.split()[0]}", flush=True)
-    if args.instructions:
-        # Load the trace and warm every code path once, uncounted: a small run's count should be the
-        # simulation's, not the trace parse a long run amortises.
-        run(load_mapping(chat_scenario(200, 4, args.rate_per_replica), fast))
+    # Read the trace and warm every code path once, untimed: a small case's figure should be the
+    # simulation's, not the trace parse a long run amortises (each case runs in a child that inherits it).
+    run(load_mapping(chat_scenario(200, 4, args.rate_per_replica), fast))
     per_request: dict[tuple[int, int], float] = {}
     for replicas in args.replicas:
         for size in args.sizes:

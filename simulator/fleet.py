@@ -62,15 +62,16 @@ def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
     log = RequestLog(num_requests)
     sim = scenario.simulation
     latency_s = scenario.network.latency_ms / 1000.0
+    loads = [0] * scenario.fleet.replicas  # each replica's request count, kept by the replica
     replicas = [
         Replica(env, i, setup.scheduler, cost, log, ReplicaSeries(i, sim.sample_interval_s),
-                network_latency_s=latency_s, fast_path=sim.fast_path)
+                network_latency_s=latency_s, fast_path=sim.fast_path, loads=loads)
         for i in range(scenario.fleet.replicas)
     ]
     for replica in replicas:
         replica.series.kv_probe = _kv_probe(replica)
     router = make_router(scenario.router, len(replicas), scenario.seed)
-    state = RouterState(replicas, scenario.router.refresh_s)
+    state = RouterState(replicas, scenario.router.refresh_s, loads=loads)
 
     # Block hashes only matter to a prefix cache (the prefix-aware router reads them through one too).
     specs = workload.iter_specs(block_hashes=setup.scheduler.prefix_caching)

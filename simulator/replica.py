@@ -36,6 +36,7 @@ class Replica:
         network_latency_s: float = 0.0,
         fast_path: bool = True,
         on_plan: Callable[[StepPlan], None] | None = None,
+        loads: list[int] | None = None,
     ) -> None:
         self.env = env
         self.replica_id = replica_id
@@ -48,6 +49,9 @@ class Replica:
         self.busy_s = 0.0
         self.fast_path = fast_path
         self.on_plan = on_plan
+        self.loads = loads
+        """The fleet's load list, if any: this replica keeps ``loads[replica_id]`` equal to ``load``
+        (the least-loaded scan then reads one list instead of every replica)."""
         """Called with every plan the scheduler makes on the step-by-step path (validation records them)."""
         self.num_fast_steps = 0
         """Steps advanced inside decode runs (the rest went one event per step)."""
@@ -97,6 +101,8 @@ class Replica:
         if request.status is RequestStatus.REJECTED:
             self.log.on_rejected(spec.request_id, self.env.now)
             return
+        if self.loads is not None:
+            self.loads[self.replica_id] = len(self.scheduler.requests)
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
         elif active is not None and active.cut_on_arrival and not active.cut:
@@ -112,6 +118,8 @@ class Replica:
         pool = kv.pool
         series = self.series
         fast_path = self.fast_path
+        loads = self.loads
+        replica_id = self.replica_id
         cut_possible = scheduler.config.batching is not Batching.STATIC
         max_num_seqs = scheduler.config.max_num_seqs
         while True:
@@ -142,6 +150,8 @@ class Replica:
                     finished = active.close()
                     self._run_state = None
                     if finished:
+                        if loads is not None:
+                            loads[replica_id] = len(scheduler.requests)
                         delivered = ends[k - 1] + latency
                         for request in finished:
                             log.on_finish(request.request_id, delivered, request.num_cached_tokens,
@@ -167,7 +177,8 @@ class Replica:
             yield env.timeout(step_s)
             self.num_steps += 1
             self.busy_s += step_s
-            scheduler.update(plan)
+            if scheduler.update(plan) and loads is not None:
+                loads[replica_id] = len(scheduler.requests)
             now = env.now
             delivered = now + latency
             for request in plan.requests:

@@ -99,8 +99,25 @@ def _check_nonempty(views: Sequence[ReplicaView]) -> int:
     return len(views)
 
 
+class LiveViews(tuple[ReplicaView, ...]):
+    """The live replicas, in replica-id order, with ``loads``: a list the replicas keep equal to their
+    ``load`` (index = replica id), so a least-loaded choice is one C-level scan of ints."""
+
+    loads: list[int]
+
+    def __new__(cls, replicas: Sequence[ReplicaView], loads: list[int]) -> LiveViews:
+        if [r.replica_id for r in replicas] != list(range(len(replicas))) or len(loads) != len(replicas):
+            raise ValueError("live views need replicas in id order 0..n-1 and one load per replica")
+        views = super().__new__(cls, replicas)
+        views.loads = loads
+        return views
+
+
 def _least_loaded(views: Sequence[ReplicaView]) -> int:
     """Index of the replica with the fewest requests, ties by lowest replica id."""
+    if isinstance(views, LiveViews):
+        loads = views.loads
+        return loads.index(min(loads))  # the first minimum: the lowest id
     n = _check_nonempty(views)
     # (load, id, index) read and compared in C: this scan runs once per request over every replica.
     return min(zip(map(_LOAD, views), map(_REPLICA_ID, views), range(n), strict=True))[2]
@@ -415,12 +432,14 @@ class RouterState:
     With ``refresh_s = 0`` the live views must count a request as waiting as soon as it is handed over.
     """
 
-    def __init__(self, replicas: Sequence[ReplicaView], refresh_s: float) -> None:
+    def __init__(self, replicas: Sequence[ReplicaView], refresh_s: float, loads: list[int] | None = None) -> None:
         if refresh_s < 0:
             raise ValueError(f"refresh_s must be >= 0, got {refresh_s}")
         if not replicas:
             raise ValueError("a fleet needs at least one replica")
-        self._replicas = tuple(replicas)
+        self._replicas: tuple[ReplicaView, ...] = (
+            LiveViews(replicas, loads) if loads is not None else tuple(replicas)
+        )
         self.refresh_s = refresh_s
         self._snapshots: list[ReplicaSnapshot] = []
         self._next_refresh_s = -math.inf

@@ -213,6 +213,8 @@ def test_router_load_signal_counts_every_held_request(case: str, monkeypatch: py
             sched = replica.scheduler
             replica.sync()
             assert replica.load == len(sched.running) + len(sched.waiting) + len(sched.swapped)
+        # The fleet's load list (what the least-loaded scan reads) mirrors every replica's load.
+        assert self._replicas.loads == [replica.load for replica in self._replicas]
         checked.append(spec.request_id)
         return route(self, router, spec, now_s)
 
