@@ -9,6 +9,7 @@
     # benchmark switches it on around each simulation only (workload generation, simulation, summary).
     valgrind --tool=callgrind --instr-atstart=no python benchmarks/sim_speed.py --instructions \
         --sizes 2000 --replicas 16 --no-hard
+    # with valgrind's --cache-sim=yes as well, also simulated data-cache misses per request
 
 The chat workload: Azure-2023-conversation prompt and output lengths (empirical, from the shared trace),
 Poisson arrivals at a fixed load per replica. Prints one line per run and the scaling ratios
@@ -88,6 +89,8 @@ class InstructionCounter:
 
     def __init__(self) -> None:
         self.count = 0
+        self.events: dict[str, int] = {}
+        """Every event callgrind counted (Ir; with --cache-sim=yes also cache misses: D1mr, DLmr, ...)."""
         self._pid = str(os.getpid())
 
     def _control(self, *args: str) -> None:
@@ -105,8 +108,11 @@ class InstructionCounter:
         before = set(Path.cwd().glob(f"callgrind.out.{self._pid}.*"))
         self._control("--dump=sim_speed")
         (dump,) = set(Path.cwd().glob(f"callgrind.out.{self._pid}.*")) - before
-        totals = [line for line in dump.read_text().splitlines() if line.startswith("totals:")]
-        self.count = int(totals[-1].split()[1])
+        lines = dump.read_text().splitlines()
+        names = next(line for line in lines if line.startswith("events:")).split()[1:]
+        totals = [int(x) for x in [line for line in lines if line.startswith("totals:")][-1].split()[1:]]
+        self.events = dict(zip(names, totals, strict=False))
+        self.count = self.events["Ir"]
         dump.unlink()  # ours: one per case
 
 
@@ -127,6 +133,7 @@ def _measure(raw: dict[str, Any], overrides: list[str] | None, count_events: boo
     walls = []
     events = 0
     instr = 0
+    misses: dict[str, int] = {}
     for _ in range(repeat):
         loaded = load_mapping(raw, overrides or [])
         start = time.perf_counter()
@@ -134,6 +141,7 @@ def _measure(raw: dict[str, Any], overrides: list[str] | None, count_events: boo
             with InstructionCounter() as instr_counter:
                 result = run(loaded)
             instr = instr_counter.count
+            misses = {k: v for k, v in instr_counter.events.items() if k in ("D1mr", "D1mw", "DLmr", "DLmw")}
         elif count_events:
             with EventCounter() as counter:
                 result = run(loaded)
@@ -151,6 +159,7 @@ def _measure(raw: dict[str, Any], overrides: list[str] | None, count_events: boo
         "req_per_s": n / wall,
         "events_per_s": events / walls[-1] if count_events else float("nan"),
         "instructions_per_request": instr / n if instructions else float("nan"),
+        **{f"{name}_per_request": count / n for name, count in misses.items()},
         "completed": summary["requests_completed"],
         "preemptions": summary["preemptions"],
         "prefix_hit_rate": summary["prefix_hit_rate"],
@@ -167,6 +176,10 @@ def line(label: str, m: dict[str, float]) -> str:
         text += f"  (median {m['wall_median_s']:.2f} s)"
     if m["instructions_per_request"] == m["instructions_per_request"]:  # not NaN
         text += f"  {m['instructions_per_request']:,.0f} instructions/req"
+    misses = [(k.removesuffix("_per_request"), v) for k, v in m.items() if k.endswith("mr_per_request")
+              or k.endswith("mw_per_request")]
+    if misses:  # callgrind --cache-sim=yes: simulated cache misses (D1: first level, DL: last level)
+        text += "  misses/req " + " ".join(f"{k} {v:,.0f}" for k, v in misses)
     return text
 
 

@@ -156,9 +156,13 @@ def cmd_build_native(args: argparse.Namespace) -> int:
 
     folder = native.build_dir()
     if args.status:
-        built = (folder / "manifest.json").is_file()
-        state = "in use" if native.active() else ("built, not in use" if built else "not built")
-        print(f"compiled hot path: {state} ({folder})")
+        loaded = native.loaded_from()
+        if loaded is not None:
+            print(f"compiled hot path: in use ({loaded})")
+        elif (folder / "manifest.json").is_file():
+            print(f"compiled hot path: built, not in use ({folder})")
+        else:
+            print(f"compiled hot path: not built for these sources ({folder})")
         return 0
     try:
         native.build()

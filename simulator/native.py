@@ -96,6 +96,7 @@ class _NativeFinder(importlib.abc.MetaPathFinder):
 
 
 _finder: _NativeFinder | None = None
+_loaded_from: Path | None = None
 
 
 def active() -> bool:
@@ -103,9 +104,14 @@ def active() -> bool:
     return _finder is not None
 
 
+def loaded_from() -> Path | None:
+    """The build folder this process loads the compiled modules from, if it does."""
+    return _loaded_from
+
+
 def install() -> bool:
     """Load the compiled modules from here on if a build of exactly the current sources exists."""
-    global _finder
+    global _finder, _loaded_from
     if _finder is not None:
         return True
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
@@ -121,6 +127,7 @@ def install() -> bool:
     if set(MODULES) - set(files) or not all(p.is_file() for p in files.values()):
         return False
     _finder = _NativeFinder(files)
+    _loaded_from = folder
     sys.meta_path.insert(0, _finder)
     return True
 

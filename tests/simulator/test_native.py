@@ -81,3 +81,20 @@ def test_compiled_build_gives_identical_results(tmp_path: Path) -> None:
         assert sorted(a.files) == sorted(b.files)
         for name in a.files:
             np.testing.assert_array_equal(b[name], a[name], err_msg=name)
+
+
+def test_build_native_without_mypyc_is_one_line_and_exit_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simulator.cli import main
+
+    monkeypatch.setenv("FLEETSIM_NATIVE_CACHE", str(tmp_path))
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mypyc" else find_spec(name, *a))
+    assert main(["build-native"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fleetsim: error: mypyc is not installed") and "\n" not in err
+    # A fresh process with an empty cache: nothing built for these sources, pure Python in use.
+    status = _python("from simulator.cli import main; main(['build-native', '--status'])",
+                     FLEETSIM_NATIVE_CACHE=str(tmp_path), FLEETSIM_PURE_PYTHON="")
+    assert status.startswith("compiled hot path: not built for these sources")
