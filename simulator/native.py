@@ -144,6 +144,10 @@ def build(progress: Callable[[str], None] = print) -> Path:
         return target
     if importlib.util.find_spec("mypyc") is None:
         raise NativeBuildError("mypyc is not installed (pip install 'fleetsim[native]')")
+    try:
+        _ensure(cache_root())  # before a minute of compiling: the cache must be writable
+    except OSError as err:
+        raise NativeBuildError(f"cannot create the build cache {cache_root()}: {err.strerror or err}") from None
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
         raise NativeBuildError(f"no C compiler ({compiler}) found: mypyc needs the one Python was built with")

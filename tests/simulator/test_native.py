@@ -98,3 +98,17 @@ def test_build_native_without_mypyc_is_one_line_and_exit_1(
     status = _python("from simulator.cli import main; main(['build-native', '--status'])",
                      FLEETSIM_NATIVE_CACHE=str(tmp_path), FLEETSIM_PURE_PYTHON="")
     assert status.startswith("compiled hot path: not built for these sources")
+
+
+def test_build_native_into_an_unwritable_cache_is_one_line_and_exit_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simulator.cli import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("FLEETSIM_NATIVE_CACHE", str(blocker / "cache"))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # as if mypyc were installed
+    assert main(["build-native"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fleetsim: error: cannot create the build cache") and "\n" not in err
