@@ -157,8 +157,7 @@ def build(progress: Callable[[str], None] = print) -> Path:
                         ignore=shutil.ignore_patterns("__pycache__", "*.so"))
         sources = [str(Path(*m.split(".")).with_suffix(".py")) for m in MODULES]
         progress(f"compiling {len(sources)} modules with mypyc (about a minute)...")
-        env = {**os.environ, "MYPYPATH": ""}
-        done = subprocess.run([sys.executable, "-m", "mypyc", *sources], cwd=work, env=env,
+        done = subprocess.run([sys.executable, "-m", "mypyc", *sources], cwd=work,
                               capture_output=True, text=True, check=False)
         if done.returncode != 0:
             tail = (done.stdout + done.stderr).strip().splitlines()[-5:]

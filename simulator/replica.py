@@ -49,10 +49,10 @@ class Replica:
         self.busy_s = 0.0
         self.fast_path = fast_path
         self.on_plan = on_plan
+        """Called with every plan the scheduler makes on the step-by-step path (validation records them)."""
         self.loads = loads
         """The fleet's load list, if any: this replica keeps ``loads[replica_id]`` equal to ``load``
         (the least-loaded scan then reads one list instead of every replica)."""
-        """Called with every plan the scheduler makes on the step-by-step path (validation records them)."""
         self.num_fast_steps = 0
         """Steps advanced inside decode runs (the rest went one event per step)."""
         self._wakeup: simpy.Event | None = None
@@ -94,19 +94,22 @@ class Replica:
     # ----- work ------------------------------------------------------------------------------------
 
     def submit(self, spec: RequestSpec) -> None:
-        active = self._run_state
-        if active is not None:
-            active.advance(self.env.now)  # steps that ended before this arrival are sampled without it
+        self.sync()  # steps that ended before this arrival are sampled without it
         request = self.scheduler.add_request(spec)
         if request.status is RequestStatus.REJECTED:
             self.log.on_rejected(spec.request_id, self.env.now)
             return
-        if self.loads is not None:
-            self.loads[self.replica_id] = len(self.scheduler.requests)
+        self._publish_load()
+        active = self._run_state
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
         elif active is not None and active.cut_on_arrival and not active.cut:
             active.cut_at(self.env.now)  # the scheduler would try to admit it at the next step boundary
+
+    def _publish_load(self) -> None:
+        """Requests were added or finished: keep the fleet's load list equal to ``load``."""
+        if self.loads is not None:
+            self.loads[self.replica_id] = len(self.scheduler.requests)
 
     def _run(self):  # type: ignore[no-untyped-def]  # a SimPy generator
         env = self.env
@@ -118,8 +121,6 @@ class Replica:
         pool = kv.pool
         series = self.series
         fast_path = self.fast_path
-        loads = self.loads
-        replica_id = self.replica_id
         cut_possible = scheduler.config.batching is not Batching.STATIC
         max_num_seqs = scheduler.config.max_num_seqs
         while True:
@@ -150,8 +151,7 @@ class Replica:
                     finished = active.close()
                     self._run_state = None
                     if finished:
-                        if loads is not None:
-                            loads[replica_id] = len(scheduler.requests)
+                        self._publish_load()
                         delivered = ends[k - 1] + latency
                         for request in finished:
                             log.on_finish(request.request_id, delivered, request.num_cached_tokens,
@@ -177,8 +177,8 @@ class Replica:
             yield env.timeout(step_s)
             self.num_steps += 1
             self.busy_s += step_s
-            if scheduler.update(plan) and loads is not None:
-                loads[replica_id] = len(scheduler.requests)
+            if scheduler.update(plan):
+                self._publish_load()
             now = env.now
             delivered = now + latency
             for request in plan.requests:

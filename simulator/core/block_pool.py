@@ -136,10 +136,10 @@ class BlockPool:
         start = self._num_handed
         if not self.enable_caching:
             # No hits, no hashes, no counts to keep: slices of the stack, then fresh ids, in C.
-            stack = self._stack
-            num_reused = min(num_blocks, len(stack))
             if num_blocks <= 0:
                 return []
+            stack = self._stack
+            num_reused = min(num_blocks, len(stack))
             if num_reused == num_blocks:
                 out = stack[: -num_blocks - 1 : -1]
                 del stack[-num_blocks:]

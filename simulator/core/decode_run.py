@@ -110,11 +110,8 @@ class DecodeRun:
         kv = self.scheduler.kv
         requests = self.requests
         if not kv.enable_caching:
-            # Only block pops happen (no hashes to index): hand them out in one call, in step order.
-            tables = kv.req_blocks
-            blocks = kv.pool.get_new_blocks(len(events))
-            for (_, index), block_id in zip(events, blocks, strict=True):
-                tables[requests[index].request_id].append(block_id)
+            # Every event starts a block (no hashes to index): hand them out in one call, in step order.
+            kv.append_blocks([requests[index].request_id for _, index in events])
             return
         allocate = kv.allocate
         computed0 = self._computed0

@@ -142,21 +142,25 @@ class KVManager:
             self._cache_full_blocks(request, blocks, num_new_tokens, len(new_computed_blocks))
         return new_blocks
 
-    def append_decode_blocks(self, tokens: Sequence[tuple[int, int]]) -> None:
-        """``allocate(request, 1)`` for a sequence of decode tokens, given as (request id, token index) in
-        step order, when prefix caching is off: each token that starts a block its request does not hold
-        gets a fresh block, popped in the same order as one call per token would pop them. The caller
-        (a decode run) has checked that the pool holds them all."""
+    def appends_in_place(self, request: Request) -> bool:
+        """Whether ``allocate(request, 1)`` would return [] having changed nothing: the request's next
+        token falls in a block it already holds and, with the prefix cache, completes no block (so there
+        is nothing to index). The scheduler skips the call for such decode rows."""
+        held = self.req_blocks.get(request.request_id)
+        computed = request.num_computed_tokens
+        return held is not None and computed < len(held) * self.block_size and (
+            not self.enable_caching or (computed + 1) % self.block_size != 0
+        )
+
+    def append_blocks(self, request_ids: Sequence[int]) -> None:
+        """One fresh block at the end of each listed request's table, popped in the order listed (a
+        request listed twice gets two): ``allocate(request, 1)`` for decode tokens that start a block,
+        when prefix caching is off. The caller (a decode run) has checked that the pool holds them all."""
         if self.enable_caching:
-            raise ValueError("append_decode_blocks is the caching-off path; with caching use allocate")
-        bs = self.block_size
+            raise ValueError("append_blocks is the caching-off path; with caching use allocate")
         tables = self.req_blocks
-        # A request's tokens come in increasing order, each needing block token // bs; tables only grow
-        # here, so comparing with the table length before any append selects exactly the blocks to pop.
-        targets = [table for rid, token in tokens if token // bs >= len(table := tables[rid])]
-        if targets:
-            for table, block_id in zip(targets, self.pool.get_new_blocks(len(targets)), strict=True):
-                table.append(block_id)
+        for request_id, block_id in zip(request_ids, self.pool.get_new_blocks(len(request_ids)), strict=True):
+            tables[request_id].append(block_id)
 
     def _cache_full_blocks(self, request: Request, blocks: list[int], num_new_tokens: int,
                            num_hit_blocks: int) -> None:

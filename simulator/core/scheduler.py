@@ -254,20 +254,15 @@ class Scheduler:
         threshold = cfg.long_prefill_token_threshold
         preempted = False
         running = self.running
-        tables = self.kv.req_blocks
-        block_size = self.block_size
-        caching = self.kv.enable_caching
+        appends_in_place = self.kv.appends_in_place
         rows, rows_new, rows_computed = plan.requests, plan.num_new_tokens, plan.num_computed_tokens
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
             computed = request.num_computed_tokens
             num_new = request.num_prompt_tokens + request.num_output_tokens - computed
-            if num_new == 1 and computed < len(tables[request.request_id]) * block_size and (
-                not caching or (computed + 1) % block_size
-            ):
-                # A decode inside a block the request holds, completing no block: ``allocate`` would
-                # return [] having done nothing (no block to pop, none to index), so skip the call.
+            if num_new == 1 and appends_in_place(request):
+                # A decode the KV manager needs to do nothing for: schedule it without the allocation.
                 rows.append(request)
                 rows_new.append(1)
                 rows_computed.append(computed)
