@@ -344,6 +344,7 @@ def simulate_recorded(config: SchedulerConfig, cost: CostModel, specs: Sequence[
     """The simulator's step compositions: a SimPy replica (step by step) whose scheduler records each plan."""
     import simpy
 
+    from simulator.arrivals import ArrivalFeed
     from simulator.metrics import ReplicaSeries
     from simulator.replica import Replica
 
@@ -357,15 +358,7 @@ def simulate_recorded(config: SchedulerConfig, cost: CostModel, specs: Sequence[
 
     replica = Replica(env, 0, config, cost, log, ReplicaSeries(0, 1.0), fast_path=False, on_plan=record)
 
-    def arrivals() -> Any:
-        for spec in specs:
-            delay = spec.arrival_s - env.now
-            if delay > 0:
-                yield env.timeout(delay)
-            log.on_arrival(spec.request_id, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, None)
-            replica.submit(spec)
-
-    env.process(arrivals())
+    ArrivalFeed(env, specs, log, [replica])
     env.run()
     return [_composition([r.request_id for r in p.requests], p.num_new_tokens) for p in plans]
 

@@ -11,7 +11,6 @@ Never imports ``calibration``.
 from __future__ import annotations
 
 import bisect
-from itertools import accumulate
 
 import numpy as np
 
@@ -190,13 +189,16 @@ class CostModel:
         k = self._k
         attn = self._q * 0.0
         factor = self._factor
-        contexts = range(ctx_sum_start, ctx_sum_start + batch * num_steps, batch)
-        if self._overlap:
-            step_times = [(dev if (dev := base + k * float(ctx) + attn) > host else host) * factor for ctx in contexts]
-        else:
-            step_times = [(base + k * float(ctx) + attn + host) * factor for ctx in contexts]
-        ends = list(accumulate(step_times, initial=start_s))  # one addition at a time, as the clock adds
-        del ends[0]
+        overlap = self._overlap
+        ends: list[float] = []
+        t = start_s
+        ctx = float(ctx_sum_start)  # whole numbers: exact in a double, as float(int) of each step's sum
+        step_ctx = float(batch)
+        for _ in range(num_steps):
+            dev = base + k * ctx + attn
+            t += ((dev if dev > host else host) if overlap else dev + host) * factor  # the clock's one addition
+            ends.append(t)
+            ctx += step_ctx
         return ends
 
     def decode_total_time(self, batch: int, ctx_sum_start: int, num_steps: int) -> float:
@@ -225,7 +227,7 @@ class CostModel:
         return f"CostModel({self.profile.label}{scaled})"
 
 
-_SHORT_RUN_STEPS = 64
+_SHORT_RUN_STEPS = 256
 """Decode runs up to this many steps are timed in plain Python floats (``decode_step_ends``)."""
 
 

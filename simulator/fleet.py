@@ -6,10 +6,12 @@ and lengths); only what the variant overrides differs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import simpy
 
+from simulator.arrivals import ArrivalFeed
 from simulator.cost_model import CostModel
 from simulator.metrics import (
     ProfileInfo,
@@ -76,21 +78,12 @@ def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
     # Block hashes only matter to a prefix cache (the prefix-aware router reads them through one too).
     specs = workload.iter_specs(block_hashes=setup.scheduler.prefix_caching)
 
-    def arrivals() -> Generator[simpy.Event, None, None]:
-        report_every = max(1, num_requests // 100)
-        for spec in specs:
-            delay = spec.arrival_s - env.now
-            if delay > 0:
-                yield env.timeout(delay)
-            rid = spec.request_id
-            log.on_arrival(rid, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, spec.session_id)
-            index = state.route(router, spec, env.now)
-            log.on_routed(rid, index)
-            replicas[index].submit(spec)
-            if progress is not None and (rid + 1) % report_every == 0:
-                progress(name, rid + 1, num_requests)
+    def report(arrived: int) -> None:
+        if progress is not None:
+            progress(name, arrived, num_requests)
 
-    env.process(arrivals())
+    ArrivalFeed(env, specs, log, replicas, route=partial(state.route, router),
+                progress=None if progress is None else report, report_every=max(1, num_requests // 100))
     env.run(until=sim.horizon_s)
     end_s = env.now if sim.horizon_s is None else sim.horizon_s
     end_s = max(end_s, 1e-9)

@@ -40,6 +40,7 @@ MODULES = (
     "simulator.core.decode_run",
     "simulator.cost_model",
     "simulator.replica",
+    "simulator.arrivals",
 )
 """The modules compiled, all of them on the per-step path."""
 

@@ -1,16 +1,25 @@
 """One simulated replica: the serving core's scheduler, with the clock advanced by a cost model.
 
 The replica runs the same ``core.Scheduler`` the real engine runs; where the engine would run the model,
-the replica yields a SimPy timeout of ``CostModel.step_time(plan.shape)``. One SimPy event per engine
-step, never per token; an idle replica sleeps until work arrives.
+it schedules the end of the step ``CostModel.step_time(plan.shape)`` later on the SimPy clock and carries
+on when that event fires. One SimPy event per engine step (or per decode run on the fast path), never per
+token; an idle replica schedules nothing until work arrives.
+
+The replica is driven by callbacks rather than a SimPy process: each of its events (``_Wake``) calls one
+of its methods directly when SimPy's ``Environment.step`` pops it. That is exactly what a process does on
+a yield (SimPy resumes it from the event's callback), without a generator, a ``Timeout`` object and the
+process's resume bookkeeping per step — on the simulator's hottest path.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Sequence
+from heapq import heappush
+from typing import Any
 
 import simpy
+from simpy.events import NORMAL
 
 from simulator.core.config import Batching, SchedulerConfig
 from simulator.core.decode_run import DecodeRun
@@ -20,9 +29,34 @@ from simulator.core.step import StepPlan
 from simulator.cost_model import CostModel
 from simulator.metrics import ReplicaSeries, RequestLog
 
+Callback = Callable[[Any], None]
+
+
+class _Wake:
+    """An event on SimPy's queue that calls back one replica method. SimPy's ``Environment.step`` reads
+    an event's ``callbacks`` (then sets them to None) and ``_ok``, and calls each callback with the event;
+    this is all a ``simpy.Event`` needs to be for that. A cut decode run empties the callbacks of its
+    superseded event, which then pops as a no-op."""
+
+    __slots__ = ("_ok", "callbacks")
+
+    def __init__(self, callback: Callback) -> None:
+        self.callbacks: list[Callback] | None = [callback]
+        self._ok = True
+
+
+def schedule_at(env: simpy.Environment, at_s: float, callback: Callback) -> _Wake:
+    """Schedule ``callback`` at the absolute time ``at_s`` (>= now): what ``Environment.schedule`` does
+    with priority NORMAL — the order a ``Timeout`` gets — without the ``now + delay`` rounding, so a
+    decode run ends exactly at its last step's accumulated end time."""
+    event = _Wake(callback)
+    queue: list[tuple[float, int, int, Any]] = env._queue  # type: ignore[assignment]  # holds simpy.Events
+    heappush(queue, (at_s, NORMAL, next(env._eid), event))
+    return event
+
 
 class Replica:
-    """A SimPy process owning one scheduler. Satisfies the router's ``ReplicaView`` protocol live."""
+    """One scheduler on the SimPy clock. Satisfies the router's ``ReplicaView`` protocol live."""
 
     def __init__(
         self,
@@ -55,9 +89,15 @@ class Replica:
         (the least-loaded scan then reads one list instead of every replica)."""
         self.num_fast_steps = 0
         """Steps advanced inside decode runs (the rest went one event per step)."""
-        self._wakeup: simpy.Event | None = None
+        self._cut_possible = config.batching is not Batching.STATIC
+        self._max_num_seqs = config.max_num_seqs
+        self._idle = True
+        """Nothing scheduled: the replica waits for work (none, or none that can start)."""
+        self._plan: StepPlan | None = None
+        """The step in flight on the step-by-step path, and its time."""
+        self._step_s = 0.0
         self._run_state: _ActiveRun | None = None
-        self.process = env.process(self._run())
+        """The decode run in flight on the fast path."""
 
     # ----- ReplicaView ---------------------------------------------------------------------------
 
@@ -100,10 +140,14 @@ class Replica:
             self.log.on_rejected(spec.request_id, self.env.now)
             return
         self._publish_load()
+        if self._idle:
+            # Wake up after the events already due now (a process woken by an event does the same), so
+            # that every request arriving at this instant is there for the first step.
+            self._idle = False
+            schedule_at(self.env, self.env.now, self._on_wake)
+            return
         active = self._run_state
-        if self._wakeup is not None and not self._wakeup.triggered:
-            self._wakeup.succeed()
-        elif active is not None and active.cut_on_arrival and not active.cut:
+        if active is not None and active.cut_on_arrival and not active.cut:
             active.cut_at(self.env.now)  # the scheduler would try to admit it at the next step boundary
 
     def _publish_load(self) -> None:
@@ -111,84 +155,90 @@ class Replica:
         if self.loads is not None:
             self.loads[self.replica_id] = len(self.scheduler.requests)
 
-    def _run(self):  # type: ignore[no-untyped-def]  # a SimPy generator
-        env = self.env
+    def _on_wake(self, event: object) -> None:
+        self._next()
+
+    def _next(self) -> None:
+        """Start the replica's next step (or decode run) now, or go idle."""
         scheduler = self.scheduler
-        cost = self.cost_model
+        if not scheduler.has_work:
+            self._idle = True
+            return
+        env = self.env
+        if self.fast_path:
+            num_steps = scheduler.steady_decode_steps()
+            if num_steps >= 2:
+                # A decode run: ``num_steps`` identical decode steps in one event, cut short by an
+                # arrival the scheduler would try to admit (``submit`` -> ``_ActiveRun.cut_at``).
+                run = DecodeRun(scheduler, num_steps)
+                start = env.now
+                # Step end times accumulated one addition at a time from now, as the step-by-step
+                # clock does.
+                ends = self.cost_model.decode_step_ends(run.batch, run.ctx_sum_start, num_steps, start)
+                active = _ActiveRun(self, run, ends, start, self._cut_possible and run.batch < self._max_num_seqs)
+                self._run_state = active
+                active.advance(start)  # the first step is scheduled now
+                active.event = schedule_at(env, ends[-1], self._on_run_end)
+                return
+        plan = scheduler.schedule()
+        if self.on_plan is not None:
+            self.on_plan(plan)
+        if plan.is_empty:
+            # Work that cannot start (it waits on memory no running request will free): wait for the
+            # next arrival rather than spin. The core rejects requests that can never fit.
+            self._idle = True
+            return
+        start = env.now
         log = self.log
-        latency = self.network_latency_s
+        for rid in plan.admitted_ids:
+            log.on_scheduled(rid, start)
+        step_s = self.cost_model.step_time(plan.shape)
+        self._plan = plan
+        self._step_s = step_s
+        schedule_at(env, start + step_s, self._on_step_end)
+
+    def _on_step_end(self, event: object) -> None:
+        """One step of the step-by-step path ended: account it, log its tokens, sample, go on."""
+        plan = self._plan
+        assert plan is not None
+        self._plan = None
+        scheduler = self.scheduler
+        log = self.log
+        self.num_steps += 1
+        self.busy_s += self._step_s
+        if scheduler.update(plan):
+            self._publish_load()
+        now = self.env.now
+        delivered = now + self.network_latency_s
+        for request in plan.requests:
+            if request.num_output_tokens == 1 and request.num_computed_tokens == request.num_prompt_tokens:
+                log.on_first_token(request.request_id, delivered)
+            if request.status is RequestStatus.FINISHED:
+                log.on_finish(request.request_id, delivered, request.num_cached_tokens, request.num_preemptions)
         kv = scheduler.kv
         pool = kv.pool
-        series = self.series
-        fast_path = self.fast_path
-        cut_possible = scheduler.config.batching is not Batching.STATIC
-        max_num_seqs = scheduler.config.max_num_seqs
-        while True:
-            if not scheduler.has_work:
-                self._wakeup = env.event()
-                yield self._wakeup
-                self._wakeup = None
-                continue
-            if fast_path:
-                num_steps = scheduler.steady_decode_steps()
-                if num_steps >= 2:
-                    # A decode run: ``num_steps`` identical decode steps in one event, cut short by an
-                    # arrival the scheduler would try to admit (``submit`` -> ``_ActiveRun.cut_at``).
-                    run = DecodeRun(scheduler, num_steps)
-                    start = env.now
-                    # Step end times accumulated one addition at a time from now, as the step-by-step
-                    # clock does.
-                    ends = cost.decode_step_ends(run.batch, run.ctx_sum_start, num_steps, start)
-                    active = _ActiveRun(self, run, ends, cut_possible and run.batch < max_num_seqs)
-                    self._run_state = active
-                    active.advance(start)  # the first step is scheduled now
-                    active.timeout = env.timeout(ends[-1] - start)
-                    yield active.timeout
-                    k = run.num_steps
-                    while env.now < ends[k - 1]:  # cut: the clock reached the cut step's end a hair early
-                        active.timeout = env.timeout(ends[k - 1] - env.now)
-                        yield active.timeout
-                    finished = active.close()
-                    self._run_state = None
-                    if finished:
-                        self._publish_load()
-                        delivered = ends[k - 1] + latency
-                        for request in finished:
-                            log.on_finish(request.request_id, delivered, request.num_cached_tokens,
-                                          request.num_preemptions)
-                    self.num_steps += k
-                    self.num_fast_steps += k
-                    self.busy_s += ends[k - 1] - start
-                    continue
-            plan = scheduler.schedule()
-            if self.on_plan is not None:
-                self.on_plan(plan)
-            if plan.is_empty:
-                # Work that cannot start (it waits on memory no running request will free): wait for
-                # the next arrival rather than spin. The core rejects requests that can never fit.
-                self._wakeup = env.event()
-                yield self._wakeup
-                self._wakeup = None
-                continue
-            start = env.now
-            for rid in plan.admitted_ids:
-                log.on_scheduled(rid, start)
-            step_s = cost.step_time(plan.shape)
-            yield env.timeout(step_s)
-            self.num_steps += 1
-            self.busy_s += step_s
-            if scheduler.update(plan):
-                self._publish_load()
-            now = env.now
-            delivered = now + latency
-            for request in plan.requests:
-                if request.num_output_tokens == 1 and request.num_computed_tokens == request.num_prompt_tokens:
-                    log.on_first_token(request.request_id, delivered)
-                if request.status is RequestStatus.FINISHED:
-                    log.on_finish(request.request_id, delivered, request.num_cached_tokens,
-                                  request.num_preemptions)
-            series.maybe_sample(now, len(scheduler.running), scheduler.num_waiting, pool.num_used,
-                                pool.num_blocks, kv.num_hit_tokens, kv.num_lookup_tokens)
+        self.series.maybe_sample(now, len(scheduler.running), scheduler.num_waiting, pool.num_used,
+                                 pool.num_blocks, kv.num_hit_tokens, kv.num_lookup_tokens)
+        self._next()
+
+    def _on_run_end(self, event: object) -> None:
+        """A decode run (possibly cut) reached its last step's end: apply it, log what finished, go on."""
+        active = self._run_state
+        assert active is not None
+        k = active.run.num_steps
+        end = active.ends[k - 1]
+        finished = active.close()
+        self._run_state = None
+        if finished:
+            self._publish_load()
+            delivered = end + self.network_latency_s
+            log = self.log
+            for request in finished:
+                log.on_finish(request.request_id, delivered, request.num_cached_tokens, request.num_preemptions)
+        self.num_steps += k
+        self.num_fast_steps += k
+        self.busy_s += end - active.start
+        self._next()
 
 
 class _ActiveRun:
@@ -198,39 +248,37 @@ class _ActiveRun:
     the series when it ends, so a step is applied once its start has passed and sampled at its end.
     """
 
-    __slots__ = ("cut", "cut_on_arrival", "ends", "num_sampled", "replica", "run", "timeout")
+    __slots__ = ("cut", "cut_on_arrival", "ends", "event", "num_sampled", "replica", "run", "start")
 
-    def __init__(self, replica: Replica, run: DecodeRun, ends: list[float], cut_on_arrival: bool) -> None:
+    def __init__(self, replica: Replica, run: DecodeRun, ends: list[float], start: float,
+                 cut_on_arrival: bool) -> None:
         self.replica = replica
         self.run = run
         self.ends = ends
+        self.start = start
         self.cut_on_arrival = cut_on_arrival
         self.cut = False
         self.num_sampled = 0
-        self.timeout: simpy.Timeout | None = None
-        """The event the replica's process waits on: the end of the run's last step."""
+        self.event: _Wake | None = None
+        """The event that ends the run: at the end of its last step."""
 
     def cut_at(self, now: float) -> None:
         """An arrival during step j: step j completes, then the scheduler sees the new request. The run
-        is truncated to j steps and the process's wait moved to step j's end (no SimPy interrupt: the
-        process simply waits on a new timeout, as if it had yielded that one)."""
+        is truncated to j steps and its end event moved to step j's end (the superseded event stays on
+        SimPy's queue with no callbacks: it pops as a no-op)."""
         self.cut = True
         run = self.run
         last = min(bisect.bisect_right(self.ends, now) + 1, run.num_steps)
         last = max(last, run.num_done)
         if last == run.num_steps:
-            return  # the arrival came during the run's last step: the wait is already right
+            return  # the arrival came during the run's last step: the end is already right
         run.truncate(last)
-        old = self.timeout
-        process = self.replica.process
-        if old is None or process.target is not old:
-            raise RuntimeError("decode run cut while its replica is not waiting on it")
-        new = self.replica.env.timeout(self.ends[last - 1] - now)
-        # Retarget the waiting process: what SimPy does when a process yields an event.
-        old.callbacks.remove(process._resume)  # type: ignore[union-attr]
-        new.callbacks.append(process._resume)  # type: ignore[union-attr]
-        process._target = new
-        self.timeout = new
+        old = self.event
+        if old is None or not old.callbacks:
+            raise RuntimeError("decode run cut after its end event fired")
+        old.callbacks = []
+        replica = self.replica
+        self.event = schedule_at(replica.env, self.ends[last - 1], replica._on_run_end)
 
     def advance(self, now: float) -> None:
         """Apply every step of the run that has started by ``now``; sample the ones that have ended."""

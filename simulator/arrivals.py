@@ -1,0 +1,77 @@
+"""The arrival feed: a workload's requests put on the SimPy clock, each routed and submitted to a replica
+at its arrival time.
+
+One event per distinct arrival time (requests arriving at the same instant go together), scheduled at
+the spec's own ``arrival_s`` (no ``now + delay`` rounding) and handled by a callback, like the replicas'
+own events (``replica.schedule_at``): no SimPy process, generator or ``Timeout`` per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+import simpy
+
+from simulator.core.request import RequestSpec
+from simulator.metrics import RequestLog
+from simulator.replica import Replica, schedule_at
+
+RouteFn = Callable[[RequestSpec, float], int]
+"""route(spec, now) -> index of the replica that receives it."""
+
+ProgressFn = Callable[[int], None]
+"""progress(requests arrived so far), every ``report_every`` requests."""
+
+
+class ArrivalFeed:
+    """Replays ``specs`` (in arrival order) onto ``env``: at each arrival, log it, route it, submit it."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        specs: Iterable[RequestSpec],
+        log: RequestLog,
+        replicas: Sequence[Replica],
+        *,
+        route: RouteFn | None = None,
+        progress: ProgressFn | None = None,
+        report_every: int = 1,
+    ) -> None:
+        if route is None and len(replicas) != 1:
+            raise ValueError("an arrival feed without a router needs exactly one replica")
+        if report_every < 1:
+            raise ValueError(f"report_every must be >= 1, got {report_every}")
+        self.env = env
+        self.log = log
+        self.replicas = list(replicas)
+        self.route = route
+        self.progress = progress
+        self.report_every = report_every
+        self.num_arrived = 0
+        self._specs: Iterator[RequestSpec] = iter(specs)
+        self._next: RequestSpec | None = next(self._specs, None)
+        if self._next is not None:
+            schedule_at(env, max(self._next.arrival_s, env.now), self._on_arrival)
+
+    def _on_arrival(self, event: object) -> None:
+        """Dispatch every request due now, then schedule the next arrival."""
+        env = self.env
+        now = env.now
+        log = self.log
+        route = self.route
+        replicas = self.replicas
+        progress = self.progress
+        spec = self._next
+        while spec is not None and spec.arrival_s <= now:
+            rid = spec.request_id
+            log.on_arrival(rid, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, spec.session_id)
+            index = 0 if route is None else route(spec, now)
+            log.on_routed(rid, index)
+            replicas[index].submit(spec)
+            self.num_arrived += 1
+            if progress is not None and self.num_arrived % self.report_every == 0:
+                progress(self.num_arrived)
+            spec = next(self._specs, None)
+        self._next = spec
+        if spec is not None:
+            schedule_at(env, spec.arrival_s, self._on_arrival)
