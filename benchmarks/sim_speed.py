@@ -2,7 +2,7 @@
 
     python benchmarks/sim_speed.py                 # 10k and 100k on 16 and 64 replicas, plus hard cases
     python benchmarks/sim_speed.py --sizes 10000 100000 1000000 --replicas 16 64
-    python benchmarks/sim_speed.py --repeat 5      # each case 5 times: the fastest and the median
+    python benchmarks/sim_speed.py --repeat 5      # 5 rounds of every case: the fastest and the median
 
     # Instructions per simulated request: a noise-free figure for before/after comparisons (wall time on
     # a shared VM moves by +-30 % from run to run). Run under callgrind with instrumentation off; the
@@ -117,10 +117,10 @@ class InstructionCounter:
 
 
 def measure(raw: dict[str, Any], overrides: list[str] | None = None, count_events: bool = False,
-            repeat: int = 1, instructions: bool = False) -> dict[str, float]:
+            instructions: bool = False) -> dict[str, float]:
     """One case, in a forked child so that its peak RSS is its own (not an earlier, larger case's); in
     the process itself under callgrind, whose instrumentation is per process."""
-    args = (raw, overrides, count_events, repeat, instructions)
+    args = (raw, overrides, count_events, instructions)
     if instructions or "fork" not in multiprocessing.get_all_start_methods():
         return _measure(*args)
     context = multiprocessing.get_context("fork")
@@ -128,36 +128,33 @@ def measure(raw: dict[str, Any], overrides: list[str] | None = None, count_event
         return pool.apply(_measure, args)
 
 
-def _measure(raw: dict[str, Any], overrides: list[str] | None, count_events: bool, repeat: int,
+def _measure(raw: dict[str, Any], overrides: list[str] | None, count_events: bool,
              instructions: bool) -> dict[str, float]:
-    walls = []
     events = 0
     instr = 0
     misses: dict[str, int] = {}
-    for _ in range(repeat):
-        loaded = load_mapping(raw, overrides or [])
-        start = time.perf_counter()
-        if instructions:
-            with InstructionCounter() as instr_counter:
-                result = run(loaded)
-            instr = instr_counter.count
-            misses = {k: v for k, v in instr_counter.events.items() if k in ("D1mr", "D1mw", "DLmr", "DLmw")}
-        elif count_events:
-            with EventCounter() as counter:
-                result = run(loaded)
-            events = counter.count
-        else:
+    loaded = load_mapping(raw, overrides or [])
+    start = time.perf_counter()
+    if instructions:
+        with InstructionCounter() as instr_counter:
             result = run(loaded)
-        walls.append(time.perf_counter() - start)
-    wall = min(walls)
+        instr = instr_counter.count
+        misses = {k: v for k, v in instr_counter.events.items() if k in ("D1mr", "D1mw", "DLmr", "DLmw")}
+    elif count_events:
+        with EventCounter() as counter:
+            result = run(loaded)
+        events = counter.count
+    else:
+        result = run(loaded)
+    wall = time.perf_counter() - start
     summary = next(iter(result.variants.values())).summary.to_dict()
     n = summary["requests_arrived"]
     return {
         "requests": n,
         "wall_s": wall,
-        "wall_median_s": statistics.median(walls),
+        "wall_median_s": wall,
         "req_per_s": n / wall,
-        "events_per_s": events / walls[-1] if count_events else float("nan"),
+        "events_per_s": events / wall if count_events else float("nan"),
         "instructions_per_request": instr / n if instructions else float("nan"),
         **{f"{name}_per_request": count / n for name, count in misses.items()},
         "completed": summary["requests_completed"],
@@ -183,6 +180,38 @@ def line(label: str, m: dict[str, float]) -> str:
     return text
 
 
+def best_of(results: list[dict[str, float]]) -> dict[str, float]:
+    """One case over its rounds: the fastest round's figures, the median wall time, the largest RSS."""
+    best = dict(min(results, key=lambda m: m["wall_s"]))
+    best["wall_median_s"] = statistics.median(m["wall_s"] for m in results)
+    best["peak_rss_mb"] = max(m["peak_rss_mb"] for m in results)
+    return best
+
+
+def sessions_scenario(num_requests: int, rate_per_replica: float) -> dict[str, Any]:
+    """Multi-turn sessions sharing system prompts, prefix caching on, session-affinity routing."""
+    raw = chat_scenario(num_requests, 16, rate_per_replica)
+    raw["workload"] = {
+        "num_requests": num_requests,
+        "arrival": {"process": "poisson", "rate_rps": 16 * rate_per_replica / 4},
+        "prompt_tokens": {"dist": "lognormal", "median": 200, "sigma": 0.8, "max": 2000},
+        "output_tokens": {"dist": "lognormal", "median": 200, "sigma": 0.8, "max": 1500},
+        "system_prompts": {"num_prompts": 8, "tokens": 600},
+        "sessions": {"turns": {"dist": "uniform", "low": 2, "high": 6}, "think_time_s": 10,
+                     "response_time_estimate_s": 4},
+    }
+    raw["engine"] = {"preset": "vllm"}
+    raw["router"] = {"policy": "session_affinity"}
+    return raw
+
+
+def overload_scenario(num_requests: int, rate_per_replica: float) -> dict[str, Any]:
+    """Chunked prefill at 3x the load on a small KV pool: preemptions."""
+    raw = chat_scenario(num_requests, 16, rate_per_replica * 3)
+    raw["engine"] = {"preset": "vllm", "kv": {"num_blocks": 6000}, "max_num_seqs": 128}
+    return raw
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
@@ -193,26 +222,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-events", dest="events", action="store_false",
                         help="do not count SimPy events (counting wraps Environment.step: a few %% slower)")
     parser.add_argument("--repeat", type=int, default=1,
-                        help="run each case this many times; report the fastest (and the median)")
+                        help="rounds: run every case once per round; report each case's fastest round (and median)")
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions per request (run under callgrind: see the docstring)")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
     fast = [] if not args.step_by_step else ["simulation.fast_path=false"]
-    options = (fast, args.events, args.repeat, args.instructions)
+    options = (fast, args.events, args.instructions)
     build = "compiled with mypyc (fleetsim build-native)" if native.active() else "pure Python"
     print(f"hot path: {build}; Python {sys.version.split()[0]}", flush=True)
     # Read the trace and warm every code path once, untimed: a small case's figure should be the
     # simulation's, not the trace parse a long run amortises (each case runs in a child that inherits it).
     run(load_mapping(chat_scenario(200, 4, args.rate_per_replica), fast))
-    per_request: dict[tuple[int, int], float] = {}
-    for replicas in args.replicas:
-        for size in args.sizes:
-            m = measure(chat_scenario(size, replicas, args.rate_per_replica), *options)
-            per_request[(replicas, size)] = m["wall_s"] / m["requests"]
-            print(line(f"chat {replicas} replicas", m), flush=True)
+    cases: list[tuple[str, tuple[int, int] | None, dict[str, Any]]] = [
+        (f"chat {replicas} replicas", (replicas, size), chat_scenario(size, replicas, args.rate_per_replica))
+        for replicas in args.replicas for size in args.sizes
+    ]
     small, large = min(args.sizes), max(args.sizes)
+    if not args.no_hard:
+        cases += [("sessions + prefix cache + affinity", None, sessions_scenario(small, args.rate_per_replica)),
+                  ("chunked, overload (preemptions)", None, overload_scenario(small, args.rate_per_replica))]
+    # Rounds: every case once per round, so that a slow spell of the machine (wall time on a shared VM
+    # moves by up to 2x within minutes) hits all cases alike instead of all repeats of one.
+    rounds: list[list[dict[str, float]]] = [[] for _ in cases]
+    for round_index in range(args.repeat):
+        for (label, _, raw), results in zip(cases, rounds, strict=True):
+            results.append(measure(raw, *options))
+            if args.repeat > 1:
+                print(f"  round {round_index + 1}/{args.repeat}: {line(label, results[-1])}", flush=True)
+    per_request: dict[tuple[int, int], float] = {}
+    for (label, key, _), results in zip(cases, rounds, strict=True):
+        m = best_of(results)
+        if key is not None:
+            per_request[key] = m["wall_s"] / m["requests"]
+        print(line(label, m), flush=True)
     for replicas in args.replicas:
         if small != large:
             ratio = per_request[(replicas, large)] / per_request[(replicas, small)]
@@ -222,23 +266,6 @@ def main(argv: list[str] | None = None) -> int:
         for size in args.sizes:
             ratio = per_request[(hi, size)] / per_request[(lo, size)]
             print(f"scaling in replicas ({size:,} requests): time/request at {hi} / at {lo} replicas = {ratio:.2f}")
-    if not args.no_hard:
-        sessions = chat_scenario(small, 16, args.rate_per_replica)
-        sessions["workload"] = {
-            "num_requests": small,
-            "arrival": {"process": "poisson", "rate_rps": 16 * args.rate_per_replica / 4},
-            "prompt_tokens": {"dist": "lognormal", "median": 200, "sigma": 0.8, "max": 2000},
-            "output_tokens": {"dist": "lognormal", "median": 200, "sigma": 0.8, "max": 1500},
-            "system_prompts": {"num_prompts": 8, "tokens": 600},
-            "sessions": {"turns": {"dist": "uniform", "low": 2, "high": 6}, "think_time_s": 10,
-                         "response_time_estimate_s": 4},
-        }
-        sessions["engine"] = {"preset": "vllm"}
-        sessions["router"] = {"policy": "session_affinity"}
-        print(line("sessions + prefix cache + affinity", measure(sessions, *options)), flush=True)
-        overload = chat_scenario(small, 16, args.rate_per_replica * 3)
-        overload["engine"] = {"preset": "vllm", "kv": {"num_blocks": 6000}, "max_num_seqs": 128}
-        print(line("chunked, overload (preemptions)", measure(overload, *options)), flush=True)
     return 0
 
 
