@@ -327,7 +327,9 @@ class ReplicaSeries:
         self.sample_interval_s = float(sample_interval_s)
         self.start_s = float(start_s)
         self._next_index = 0
-        self._next_s = self.start_s
+        self.next_sample_s = self.start_s
+        """The next grid point: a call before it only replaces the state the grid will be filled with
+        (an attribute, not a property: decode runs read it on every sample check)."""
         # A replica starts empty; kv_total 0 makes kv_util read 0 until the first real report.
         self._last: tuple[float, int, int, int, int, int, int] = (self.start_s, 0, 0, 0, 0, 0, 0)
         self._rows: list[tuple[float, int, int, int, int, int, int]] = []
@@ -337,11 +339,6 @@ class ReplicaSeries:
         """Returns (KV slots allocated, of which reserved but holding no token) of the replica now."""
         self.kv_allocated_slots_sum = 0
         self.kv_unused_slots_sum = 0
-
-    @property
-    def next_sample_s(self) -> float:
-        """The next grid point: a call before it only replaces the state the grid will be filled with."""
-        return self._next_s
 
     def maybe_sample(
         self,
@@ -356,14 +353,14 @@ class ReplicaSeries:
         row = (t, running, waiting, kv_used_blocks, kv_total_blocks, prefix_hit_tokens_cum, prompt_tokens_cum)
         if running > self.peak_running:
             self.peak_running = running
-        if t >= self._next_s:
+        if t >= self.next_sample_s:
             if self.kv_probe is not None:
                 allocated, unused = self.kv_probe()
                 self.kv_allocated_slots_sum += allocated
                 self.kv_unused_slots_sum += unused
             self._fill_before(t)  # grid points before t saw the previous state
             self._last = row
-            if t == self._next_s:
+            if t == self.next_sample_s:
                 self._fill_one()
             return
         self._last = row
@@ -372,20 +369,20 @@ class ReplicaSeries:
         """Fill every grid point up to and including ``end_s`` with the last reported state."""
         self.kv_probe = None
         self._fill_before(end_s)
-        if end_s == self._next_s:
+        if end_s == self.next_sample_s:
             self._fill_one()
 
     def _advance(self) -> None:
         self._next_index += 1
         # Multiply rather than accumulate: every replica computes bit-identical grid times.
-        self._next_s = self.start_s + self._next_index * self.sample_interval_s
+        self.next_sample_s = self.start_s + self._next_index * self.sample_interval_s
 
     def _fill_one(self) -> None:
-        self._rows.append((self._next_s, *self._last[1:]))
+        self._rows.append((self.next_sample_s, *self._last[1:]))
         self._advance()
 
     def _fill_before(self, t: float) -> None:
-        while self._next_s < t:
+        while self.next_sample_s < t:
             self._fill_one()
 
     def __len__(self) -> int:

@@ -34,11 +34,7 @@ class DecodeRun:
         requests = self.requests = list(scheduler.running)
         self.num_steps = num_steps
         self.num_done = 0
-        computed0 = self._computed0 = [r.num_computed_tokens for r in requests]
-        self._output0 = [r.num_output_tokens for r in requests]
-        self.batch = len(requests)
-        self.ctx_sum_start = sum(computed0) + self.batch
-        """Context sum of the first step: every request attends to its computed tokens plus the new one."""
+        self.batch = n = len(requests)
         # Steps where a request's KV bookkeeping can change: it starts a block it does not hold yet, or
         # (with the prefix cache) fills a block with a known hash. All other decode steps are no-ops for
         # the KV manager. Step j of the run computes token c + j - 1 of a request with c computed tokens,
@@ -50,18 +46,32 @@ class DecodeRun:
         bs = self.block_size = scheduler.block_size
         kv = scheduler.kv
         tables = kv.req_blocks
-        firsts = [
-            (len(tables[request.request_id]) * bs - computed + 1, index)  # first token of a new block
-            for index, (request, computed) in enumerate(zip(requests, computed0, strict=True))
-        ]
-        if kv.enable_caching:
-            firsts += [
-                (-computed % bs or bs, index)  # the step whose token completes a block
-                for index, (request, computed) in enumerate(zip(requests, computed0, strict=True))
-                if len(request.block_hashes) > computed // bs
-            ]
-        progressions = [((f - 1) % bs + 1, index, (f - 1) // bs) for f, index in firsts if 1 <= f <= num_steps]
-        progressions.sort()  # a pair listed twice (block size 1) is applied once
+        caching = kv.enable_caching
+        computed0: list[int] = []
+        output0: list[int] = []
+        progressions: list[tuple[int, int, int]] = []
+        ctx_sum = 0
+        for index in range(n):  # one pass, plain ints (this runs once per decode run)
+            request = requests[index]
+            computed = request.num_computed_tokens
+            computed0.append(computed)
+            output0.append(request.num_output_tokens)
+            ctx_sum += computed
+            first = len(tables[request.request_id]) * bs - computed + 1  # first token of a new block
+            if 1 <= first <= num_steps:
+                progressions.append(((first - 1) % bs + 1, index, (first - 1) // bs))
+            if caching and len(request.block_hashes) > computed // bs:
+                first = -computed % bs or bs  # the step whose token completes a block
+                if first <= num_steps:
+                    progressions.append(((first - 1) % bs + 1, index, (first - 1) // bs))
+        if caching:
+            progressions.sort()  # a pair listed twice (block size 1) is applied once
+        else:
+            progressions.sort(key=_phase)  # stable: running order within a phase, as listed
+        self._computed0 = computed0
+        self._output0 = output0
+        self.ctx_sum_start = ctx_sum + n
+        """Context sum of the first step: every request attends to its computed tokens plus the new one."""
         self._progressions = progressions
         self._cursor = (0, 0)
         """(cycle, position in the progressions) of the next event not yet applied."""
@@ -142,3 +152,7 @@ class DecodeRun:
         self.set_counters(self.num_steps)
         self.scheduler.account_steps(self.num_steps)
         return self.scheduler.retire_finished(self.requests)
+
+
+def _phase(progression: tuple[int, int, int]) -> int:
+    return progression[0]
