@@ -249,14 +249,17 @@ def main(argv: list[str] | None = None) -> int:
     for round_index in range(args.repeat):
         for (label, _, raw), results in zip(cases, rounds, strict=True):
             results.append(measure(raw, *options))
-            if args.repeat > 1:
-                print(f"  round {round_index + 1}/{args.repeat}: {line(label, results[-1])}", flush=True)
+            prefix = f"  round {round_index + 1}/{args.repeat}: " if args.repeat > 1 else ""
+            print(prefix + line(label, results[-1]), flush=True)  # as each case ends: long runs show progress
+    if args.repeat > 1:
+        print(f"fastest of {args.repeat} rounds:")
     per_request: dict[tuple[int, int], float] = {}
     for (label, key, _), results in zip(cases, rounds, strict=True):
         m = best_of(results)
         if key is not None:
             per_request[key] = m["wall_s"] / m["requests"]
-        print(line(label, m), flush=True)
+        if args.repeat > 1:
+            print(line(label, m), flush=True)
     for replicas in args.replicas:
         if small != large:
             ratio = per_request[(replicas, large)] / per_request[(replicas, small)]

@@ -141,9 +141,13 @@ class DecodeRun:
     def set_counters(self, step: int) -> None:
         """Leave every request as it is after ``step`` steps of the run (for readers of request state,
         e.g. KV usage figures, in the middle of a run; O(batch))."""
-        for request, computed, outputs in zip(self.requests, self._computed0, self._output0, strict=True):
-            request.num_computed_tokens = computed + step
-            request.num_output_tokens = outputs + step
+        requests = self.requests
+        computed0 = self._computed0
+        output0 = self._output0
+        for index in range(len(requests)):  # indexed: plain ints when compiled
+            request = requests[index]
+            request.num_computed_tokens = computed0[index] + step
+            request.num_output_tokens = output0[index] + step
 
     def finish(self) -> list[Request]:
         """Apply the remaining steps and leave every request as the step-by-step path would, finishing
