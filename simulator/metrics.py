@@ -17,9 +17,10 @@ number measured with ``vllm bench serve``:
 Warm-up: requests that arrived before ``warmup_s`` are left out of every statistic, and the measured
 duration is ``duration_s − warmup_s``. Everything else is a cohort of the requests that arrived after it.
 
-The hot path (``RequestLog.on_*``, ``ReplicaSeries.maybe_sample``) takes plain scalars and writes to
-preallocated numpy columns or Python lists: no pandas, no allocation per request. This module must never
-import simpy or the simulator's replica/fleet modules (they import us).
+The hot-path recorders live in their own modules, which ``fleetsim build-native`` compiles with the rest
+of the per-step path: ``request_log.RequestLog`` (per-request columns) and ``series.ReplicaSeries``
+(per-replica samples); both are re-exported here. This module must never import simpy or the simulator's
+replica/fleet modules (they import us).
 """
 
 from __future__ import annotations
@@ -29,15 +30,24 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
-from enum import Enum, StrEnum
+from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
+
+from simulator.request_log import RequestLog, RequestOutcome, latencies_s
+from simulator.series import (
+    SERIES_COLUMNS,
+    ReplicaSeries,
+    fleet_kv_util_mean,
+    fleet_kv_waste,
+    fleet_running_mean,
+)
 
 __all__ = [
     "SLO",
@@ -69,382 +79,6 @@ def round_sig(value: float, digits: int = SIGNIFICANT_DIGITS) -> float | None:
         return None
     # Formatting through %g is exact and identical on every platform, unlike round(x, n - log10(x)).
     return float(f"{value:.{digits}g}")
-
-
-# --------------------------------------------------------------------------------------------------------
-# Per-request log (hot path)
-# --------------------------------------------------------------------------------------------------------
-
-
-class RequestOutcome(StrEnum):
-    """Where a request stands at the end of a run; every arrived request is exactly one of these."""
-
-    COMPLETED = "completed"
-    IN_FLIGHT = "in_flight"
-    REJECTED = "rejected"
-
-
-_FLOAT_COLUMNS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "rejected_s")
-_INT_COLUMNS: dict[str, type[np.integer[Any]]] = {
-    "replica": np.int32,
-    "prompt_tokens": np.int64,
-    "output_tokens": np.int64,
-    "cached_tokens": np.int64,
-    "preemptions": np.int32,
-    "session_id": np.int64,
-}
-REQUEST_COLUMNS: tuple[str, ...] = (*_FLOAT_COLUMNS, *_INT_COLUMNS, "rejected")
-"""Names of the raw columns of a RequestLog, in a fixed order."""
-
-
-class RequestLog:
-    """Preallocated numpy columns indexed by request id (ids are 0..n-1, assigned in arrival order).
-
-    Times are seconds from the start of the run and NaN until the event happened. ``replica`` is -1 until
-    the request is routed and ``session_id`` is -1 when there is none: sentinels rather than ``None``
-    because these are fixed-width numpy columns written a million times; DataFrames built from them turn
-    the sentinels into missing values. Capacity grows by doubling if an id beyond it arrives, so a
-    workload whose size is not known ahead (Poisson over a horizon) still costs amortised O(1).
-    """
-
-    arrival_s: np.ndarray
-    first_scheduled_s: np.ndarray
-    first_token_s: np.ndarray
-    finish_s: np.ndarray
-    rejected_s: np.ndarray
-    replica: np.ndarray
-    prompt_tokens: np.ndarray
-    output_tokens: np.ndarray
-    cached_tokens: np.ndarray
-    preemptions: np.ndarray
-    session_id: np.ndarray
-    rejected: np.ndarray
-
-    def __init__(self, capacity: int) -> None:
-        if capacity < 0:
-            raise ValueError(f"capacity must be >= 0, got {capacity}")
-        self._capacity = max(int(capacity), 1)
-        self._size = 0
-        """One past the largest request id seen: the length of the exported columns."""
-        self._allocate(self._capacity)
-
-    def _allocate(self, capacity: int) -> None:
-        for name in _FLOAT_COLUMNS:
-            setattr(self, name, np.full(capacity, np.nan))
-        for name, dtype in _INT_COLUMNS.items():
-            fill = -1 if name in ("replica", "session_id") else 0
-            setattr(self, name, np.full(capacity, fill, dtype=dtype))
-        self.rejected = np.zeros(capacity, dtype=bool)
-
-    def _grow(self, min_capacity: int) -> None:
-        old = {name: getattr(self, name) for name in REQUEST_COLUMNS}
-        capacity = max(min_capacity, 2 * self._capacity)
-        self._allocate(capacity)
-        for name, column in old.items():
-            getattr(self, name)[: len(column)] = column
-        self._capacity = capacity
-
-    def __len__(self) -> int:
-        return self._size
-
-    # Hot-path hooks: plain scalars in, one or two numpy item writes each.
-
-    def on_arrival(self, rid: int, t: float, prompt: int, output: int, session: int | None) -> None:
-        """Request ``rid`` arrived at the fleet at ``t`` asking for ``output`` tokens after ``prompt``."""
-        if rid >= self._capacity:
-            self._grow(rid + 1)
-        if rid >= self._size:
-            self._size = rid + 1
-        self.arrival_s[rid] = t
-        self.prompt_tokens[rid] = prompt
-        self.output_tokens[rid] = output
-        if session is not None:
-            self.session_id[rid] = session
-
-    def on_routed(self, rid: int, replica: int) -> None:
-        self.replica[rid] = replica
-
-    def on_scheduled(self, rid: int, t: float) -> None:
-        """First time the request got tokens in a step; later calls (after a preemption) are ignored so
-        the queue delay is the wait before service started, as vLLM reports it."""
-        if math.isnan(self.first_scheduled_s[rid]):
-            self.first_scheduled_s[rid] = t
-
-    def on_first_token(self, rid: int, t: float) -> None:
-        """First token delivered to the client (network latency already added by the caller). Only the
-        first call counts: a recompute after preemption does not deliver the first token again."""
-        if math.isnan(self.first_token_s[rid]):
-            self.first_token_s[rid] = t
-
-    def on_finish(self, rid: int, t: float, cached_tokens: int, preemptions: int) -> None:
-        """Last token delivered at ``t``; ``cached_tokens`` prompt tokens came from the prefix cache.
-        A one-token answer whose first token was not reported separately gets ``t`` as its first token."""
-        self.finish_s[rid] = t
-        if math.isnan(self.first_token_s[rid]):
-            self.first_token_s[rid] = t
-        self.cached_tokens[rid] = cached_tokens
-        self.preemptions[rid] = preemptions
-
-    def on_rejected(self, rid: int, t: float) -> None:
-        """The fleet will never serve this request (too long for any replica, or admission refused)."""
-        self.rejected[rid] = True
-        self.rejected_s[rid] = t
-
-    # Export.
-
-    def columns(self) -> dict[str, np.ndarray]:
-        """The raw columns trimmed to the ids seen, as views (copy them before the run goes on)."""
-        n = self._size
-        return {name: getattr(self, name)[:n] for name in REQUEST_COLUMNS}
-
-    @classmethod
-    def from_columns(cls, columns: Mapping[str, np.ndarray]) -> RequestLog:
-        """A log holding copies of ``columns`` (as given by ``columns()``); missing columns stay empty."""
-        n = len(columns["arrival_s"])
-        log = cls(n)
-        for name, values in columns.items():
-            if name not in REQUEST_COLUMNS:
-                raise ValueError(f"unknown request column {name!r}; expected one of {REQUEST_COLUMNS}")
-            if len(values) != n:
-                raise ValueError(f"column {name!r} has {len(values)} rows, arrival_s has {n}")
-            getattr(log, name)[:n] = values
-        log._size = n
-        return log
-
-    def trimmed(self) -> RequestLog:
-        """A compact copy holding only the ids seen (drops the spare preallocated capacity)."""
-        return RequestLog.from_columns(self.columns())
-
-    def outcomes(self) -> dict[RequestOutcome, np.ndarray]:
-        """Boolean masks over ids: each arrived request is in exactly one mask; unseen ids in none."""
-        c = self.columns()
-        arrived = ~np.isnan(c["arrival_s"])
-        rejected = arrived & c["rejected"]
-        finished = arrived & ~rejected & ~np.isnan(c["finish_s"])
-        return {
-            RequestOutcome.COMPLETED: finished,
-            RequestOutcome.IN_FLIGHT: arrived & ~rejected & ~finished,
-            RequestOutcome.REJECTED: rejected,
-        }
-
-    def latencies_ms(self) -> dict[str, np.ndarray]:
-        """``queue_ms``, ``ttft_ms``, ``tpot_ms``, ``e2e_ms`` per id, NaN where undefined (the event did not
-        happen, or TPOT of a one-token answer). Raw per event: mask with ``outcomes()`` as needed."""
-        return {f"{k}_ms": v * 1e3 for k, v in _latencies_s(self.columns()).items()}
-
-    def to_frame(self) -> pd.DataFrame:
-        """One row per arrived request with derived ``queue_ms``, ``ttft_ms``, ``tpot_ms``, ``e2e_ms``.
-
-        Latencies are NaN where undefined (not finished, or TPOT of a one-token answer); ``replica`` and
-        ``session_id`` are nullable integers, missing when not routed or not in a session.
-        """
-        c = self.columns()
-        keep = ~np.isnan(c["arrival_s"])
-        ids = np.flatnonzero(keep)
-        c = {name: col[keep] for name, col in c.items()}
-        masks = {k: v[keep] for k, v in self.outcomes().items()}
-        # Codes index RequestOutcome's members in declaration order (COMPLETED, IN_FLIGHT, REJECTED).
-        codes = np.ones(len(ids), dtype=np.int8)
-        codes[masks[RequestOutcome.COMPLETED]] = 0
-        codes[masks[RequestOutcome.REJECTED]] = 2
-        lat = {k: v[keep] for k, v in self.latencies_ms().items()}
-        return pd.DataFrame(
-            {
-                "request_id": ids.astype(np.int64),
-                "arrival_s": c["arrival_s"],
-                "replica": pd.arrays.IntegerArray(c["replica"].astype(np.int32), c["replica"] < 0),
-                "session_id": pd.arrays.IntegerArray(c["session_id"].astype(np.int64), c["session_id"] < 0),
-                "outcome": pd.Categorical.from_codes(codes, categories=pd.Index([o.value for o in RequestOutcome])),
-                "prompt_tokens": c["prompt_tokens"],
-                "output_tokens": c["output_tokens"],
-                "cached_tokens": c["cached_tokens"],
-                "preemptions": c["preemptions"],
-                "first_scheduled_s": c["first_scheduled_s"],
-                "first_token_s": c["first_token_s"],
-                "finish_s": c["finish_s"],
-                "queue_ms": lat["queue_ms"],
-                "ttft_ms": lat["ttft_ms"],
-                "tpot_ms": lat["tpot_ms"],
-                "e2e_ms": lat["e2e_ms"],
-            }
-        )
-
-
-def _latencies_s(c: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Per-request latencies in seconds, NaN where undefined. The one place the §5 formulas live."""
-    arrival = c["arrival_s"]
-    ttft = c["first_token_s"] - arrival
-    e2e = c["finish_s"] - arrival
-    out = c["output_tokens"]
-    # A one-token answer has no inter-token gap: TPOT is undefined there, not zero (vLLM skips it too).
-    with np.errstate(divide="ignore", invalid="ignore"):
-        tpot = np.where(out > 1, (e2e - ttft) / np.maximum(out - 1, 1), np.nan)
-    return {"queue": c["first_scheduled_s"] - arrival, "ttft": ttft, "tpot": tpot, "e2e": e2e}
-
-
-# --------------------------------------------------------------------------------------------------------
-# Per-replica time series (hot path)
-# --------------------------------------------------------------------------------------------------------
-
-
-SERIES_COLUMNS: tuple[str, ...] = (
-    "time_s",
-    "running",
-    "waiting",
-    "kv_used_blocks",
-    "kv_total_blocks",
-    "prefix_hit_tokens_cum",
-    "prompt_tokens_cum",
-)
-
-
-class ReplicaSeries:
-    """State of one replica sampled on a fixed grid ``start_s + k * sample_interval_s``.
-
-    The replica calls ``maybe_sample`` after every step with its state *after* that step. State only
-    changes at steps, so between two calls it is the state reported at the earlier call: a grid point
-    that falls strictly between two calls records the earlier state, one that falls exactly on a call
-    records that call's state. Grid points are therefore identical across replicas (the fleet view sums
-    them), a long idle gap is filled with the idle state, and the cost is one comparison per step plus
-    one tuple store, with memory O(duration / interval). Call ``close(end_s)`` once at the end to fill
-    the grid up to the end of the run.
-
-    Cache hit rate is reported two ways from the cumulative counters: ``prefix_hit_rate`` is *windowed*
-    (hit tokens / prompt tokens admitted since the previous grid point; NaN when no prompt was admitted),
-    which shows the cache warming up and thrashing; ``prefix_hit_rate_cum`` is cumulative since the start.
-
-    Two figures for the Summary ride along: ``peak_running``, the most requests running after any step
-    (one comparison per call), and, when a ``kv_probe`` is set, the KV slots allocated and the slots
-    allocated but holding no token, summed over the first call at or after each grid point (the probe
-    walks the running requests, so it runs once per grid point, never per step). ``close`` drops the
-    probe so a finished series keeps no reference to the replica.
-    """
-
-    def __init__(self, replica: int, sample_interval_s: float, start_s: float = 0.0) -> None:
-        if not sample_interval_s > 0:
-            raise ValueError(f"sample_interval_s must be > 0, got {sample_interval_s}")
-        self.replica = replica
-        self.sample_interval_s = float(sample_interval_s)
-        self.start_s = float(start_s)
-        self._next_index = 0
-        self.next_sample_s = self.start_s
-        """The next grid point: a call before it only replaces the state the grid will be filled with
-        (an attribute, not a property: decode runs read it on every sample check)."""
-        # A replica starts empty; kv_total 0 makes kv_util read 0 until the first real report.
-        self._last: tuple[float, int, int, int, int, int, int] = (self.start_s, 0, 0, 0, 0, 0, 0)
-        self._rows: list[tuple[float, int, int, int, int, int, int]] = []
-        self.peak_running = 0
-        """Most requests running after any one step."""
-        self.kv_probe: Callable[[], tuple[int, int]] | None = None
-        """Returns (KV slots allocated, of which reserved but holding no token) of the replica now."""
-        self.kv_allocated_slots_sum = 0
-        self.kv_unused_slots_sum = 0
-
-    def maybe_sample(
-        self,
-        t: float,
-        running: int,
-        waiting: int,
-        kv_used_blocks: int,
-        kv_total_blocks: int,
-        prefix_hit_tokens_cum: int,
-        prompt_tokens_cum: int,
-    ) -> None:
-        row = (t, running, waiting, kv_used_blocks, kv_total_blocks, prefix_hit_tokens_cum, prompt_tokens_cum)
-        if running > self.peak_running:
-            self.peak_running = running
-        if t >= self.next_sample_s:
-            if self.kv_probe is not None:
-                allocated, unused = self.kv_probe()
-                self.kv_allocated_slots_sum += allocated
-                self.kv_unused_slots_sum += unused
-            self._fill_before(t)  # grid points before t saw the previous state
-            self._last = row
-            if t == self.next_sample_s:
-                self._fill_one()
-            return
-        self._last = row
-
-    def close(self, end_s: float) -> None:
-        """Fill every grid point up to and including ``end_s`` with the last reported state."""
-        self.kv_probe = None
-        self._fill_before(end_s)
-        if end_s == self.next_sample_s:
-            self._fill_one()
-
-    def _advance(self) -> None:
-        self._next_index += 1
-        # Multiply rather than accumulate: every replica computes bit-identical grid times.
-        self.next_sample_s = self.start_s + self._next_index * self.sample_interval_s
-
-    def _fill_one(self) -> None:
-        self._rows.append((self.next_sample_s, *self._last[1:]))
-        self._advance()
-
-    def _fill_before(self, t: float) -> None:
-        while self.next_sample_s < t:
-            self._fill_one()
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def columns(self) -> dict[str, np.ndarray]:
-        """Raw sampled columns (see ``SERIES_COLUMNS``)."""
-        if not self._rows:
-            return {name: np.zeros(0, dtype=np.float64 if name == "time_s" else np.int64) for name in SERIES_COLUMNS}
-        table = np.array(self._rows, dtype=np.float64)
-        out = {"time_s": table[:, 0]}
-        for i, name in enumerate(SERIES_COLUMNS[1:], start=1):
-            out[name] = table[:, i].astype(np.int64)
-        return out
-
-    def to_frame(self) -> pd.DataFrame:
-        """Sampled rows with derived ``kv_util`` and windowed / cumulative prefix hit rates."""
-        c = self.columns()
-        with np.errstate(divide="ignore", invalid="ignore"):
-            kv_util = np.where(c["kv_total_blocks"] > 0, c["kv_used_blocks"] / c["kv_total_blocks"], 0.0)
-            hit, prompt = c["prefix_hit_tokens_cum"], c["prompt_tokens_cum"]
-            d_hit = np.diff(hit, prepend=0)
-            d_prompt = np.diff(prompt, prepend=0)
-            windowed = np.where(d_prompt > 0, d_hit / d_prompt, np.nan)
-            cumulative = np.where(prompt > 0, hit / prompt, np.nan)
-        frame = pd.DataFrame(c)
-        frame.insert(0, "replica", np.full(len(frame), self.replica, dtype=np.int32))
-        frame["kv_util"] = kv_util
-        frame["prefix_hit_rate"] = windowed
-        frame["prefix_hit_rate_cum"] = cumulative
-        return frame
-
-
-def fleet_kv_util_mean(series: Sequence[ReplicaSeries], *, warmup_s: float = 0.0) -> float:
-    """Mean KV utilisation over replicas and grid points at or after ``warmup_s`` (a time average,
-    because the grid is regular). NaN when there is no sample."""
-    values: list[np.ndarray] = []
-    for s in series:
-        c = s.columns()
-        keep = (c["time_s"] >= warmup_s) & (c["kv_total_blocks"] > 0)
-        values.append(c["kv_used_blocks"][keep] / c["kv_total_blocks"][keep])
-    allv = np.concatenate(values) if values else np.zeros(0)
-    return float(allv.mean()) if allv.size else math.nan
-
-
-def fleet_running_mean(series: Sequence[ReplicaSeries], *, warmup_s: float = 0.0) -> float:
-    """Mean number of running requests per replica over grid points at or after ``warmup_s`` (a time
-    average, because the grid is regular). NaN when there is no sample."""
-    values = []
-    for s in series:
-        c = s.columns()
-        values.append(c["running"][c["time_s"] >= warmup_s])
-    allv = np.concatenate(values) if values else np.zeros(0)
-    return float(allv.mean()) if allv.size else math.nan
-
-
-def fleet_kv_waste(series: Sequence[ReplicaSeries]) -> float:
-    """Share of allocated KV slots that held no token (reserved ahead, or the unfilled tail of a block),
-    over the probed grid points of every replica. NaN when nothing was ever allocated at a probe."""
-    allocated = sum(s.kv_allocated_slots_sum for s in series)
-    unused = sum(s.kv_unused_slots_sum for s in series)
-    return unused / allocated if allocated else math.nan
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -606,7 +240,7 @@ def summarize(
     cohort = ~np.isnan(c["arrival_s"]) & (c["arrival_s"] >= warmup_s)
     masks = {k: v & cohort for k, v in log.outcomes().items()}
     done = masks[RequestOutcome.COMPLETED]
-    lat_ms = {k: v[done] * 1e3 for k, v in _latencies_s(c).items()}
+    lat_ms = {k: v[done] * 1e3 for k, v in latencies_s(c).items()}
     tpot_ms = lat_ms["tpot"][~np.isnan(lat_ms["tpot"])]
     # Requests that started service but are not finished are excluded, like the latencies.
     queue_ms = lat_ms["queue"][~np.isnan(lat_ms["queue"])]

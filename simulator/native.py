@@ -1,6 +1,7 @@
 """An optional compiled build of the simulator's hot path: the same source files, compiled with mypyc.
 
-``fleetsim build-native`` compiles the serving core (``simulator.core``), the cost model and the replica
+``fleetsim build-native`` compiles the serving core (``simulator.core``), the cost model, the run recorders,
+the arrival feed and the replica
 loop to C extensions with mypyc — the very files the pure-Python package runs, unchanged, so the policy
 code still exists once. A simulated request then costs about 40 % fewer instructions (see
 ``benchmarks/sim_speed.py``). Nothing else changes: results are identical (a test builds it and compares).
@@ -39,6 +40,8 @@ MODULES = (
     "simulator.core.scheduler",
     "simulator.core.decode_run",
     "simulator.cost_model",
+    "simulator.request_log",
+    "simulator.series",
     "simulator.replica",
     "simulator.arrivals",
 )

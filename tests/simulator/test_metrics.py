@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import sys
 from pathlib import Path
 from typing import Any
@@ -232,6 +233,24 @@ def test_series_samples_on_the_grid_only() -> None:
     assert np.isnan(frame["prefix_hit_rate"][2])
     assert frame["prefix_hit_rate"][3] == pytest.approx(100 / 200)
     assert frame["prefix_hit_rate_cum"][3] == pytest.approx(150 / 400)
+
+
+def test_log_and_series_pickle_round_trip() -> None:
+    """Results cross process boundaries (sweeps, notebooks): the recorders pickle, compiled or not."""
+    log = hand_log()
+    back = pickle.loads(pickle.dumps(log))
+    assert len(back) == len(log)
+    for name, column in log.columns().items():
+        np.testing.assert_array_equal(back.columns()[name], column)
+    s = ReplicaSeries(3, sample_interval_s=1.0)
+    s.maybe_sample(0.5, 1, 0, 10, 100, 0, 100)
+    s.maybe_sample(2.5, 3, 0, 30, 100, 50, 300)
+    copy = pickle.loads(pickle.dumps(s))  # open: it goes on sampling where the original would
+    for series in (s, copy):
+        series.maybe_sample(3.5, 4, 1, 40, 100, 60, 400)
+        series.close(5.0)
+    assert copy.to_frame().equals(s.to_frame())
+    assert copy.peak_running == s.peak_running == 4
 
 
 def test_series_memory_is_bounded_by_duration_over_interval() -> None:

@@ -1,0 +1,231 @@
+"""The per-request log of a run: preallocated numpy columns indexed by request id, written on the
+simulator's hot path (``RequestLog.on_*``: plain scalars in, one or two item writes each) and read once at
+the end (``columns``, ``latencies_ms``, ``to_frame``). Latency definitions: see ``simulator.metrics``.
+
+On the per-step path, so ``fleetsim build-native`` compiles it; it must never import simpy or the
+simulator's replica/fleet modules (they import it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+# --------------------------------------------------------------------------------------------------------
+# Per-request log (hot path)
+# --------------------------------------------------------------------------------------------------------
+
+
+class RequestOutcome(StrEnum):
+    """Where a request stands at the end of a run; every arrived request is exactly one of these."""
+
+    COMPLETED = "completed"
+    IN_FLIGHT = "in_flight"
+    REJECTED = "rejected"
+
+
+_FLOAT_COLUMNS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "rejected_s")
+_INT_COLUMNS: dict[str, type[np.integer[Any]]] = {
+    "replica": np.int32,
+    "prompt_tokens": np.int64,
+    "output_tokens": np.int64,
+    "cached_tokens": np.int64,
+    "preemptions": np.int32,
+    "session_id": np.int64,
+}
+REQUEST_COLUMNS: tuple[str, ...] = (*_FLOAT_COLUMNS, *_INT_COLUMNS, "rejected")
+"""Names of the raw columns of a RequestLog, in a fixed order."""
+
+
+class RequestLog:
+    """Preallocated numpy columns indexed by request id (ids are 0..n-1, assigned in arrival order).
+
+    Times are seconds from the start of the run and NaN until the event happened. ``replica`` is -1 until
+    the request is routed and ``session_id`` is -1 when there is none: sentinels rather than ``None``
+    because these are fixed-width numpy columns written a million times; DataFrames built from them turn
+    the sentinels into missing values. Capacity grows by doubling if an id beyond it arrives, so a
+    workload whose size is not known ahead (Poisson over a horizon) still costs amortised O(1).
+    """
+
+    arrival_s: np.ndarray
+    first_scheduled_s: np.ndarray
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    rejected_s: np.ndarray
+    replica: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    cached_tokens: np.ndarray
+    preemptions: np.ndarray
+    session_id: np.ndarray
+    rejected: np.ndarray
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 0:
+            raise ValueError(f"capacity must be >= 0, got {capacity}")
+        self._capacity = max(int(capacity), 1)
+        self._size = 0
+        """One past the largest request id seen: the length of the exported columns."""
+        self._allocate(self._capacity)
+
+    def _allocate(self, capacity: int) -> None:
+        for name in _FLOAT_COLUMNS:
+            setattr(self, name, np.full(capacity, np.nan))
+        for name, dtype in _INT_COLUMNS.items():
+            fill = -1 if name in ("replica", "session_id") else 0
+            setattr(self, name, np.full(capacity, fill, dtype=dtype))
+        self.rejected = np.zeros(capacity, dtype=bool)
+
+    def _grow(self, min_capacity: int) -> None:
+        old = {name: getattr(self, name) for name in REQUEST_COLUMNS}
+        capacity = max(min_capacity, 2 * self._capacity)
+        self._allocate(capacity)
+        for name, column in old.items():
+            getattr(self, name)[: len(column)] = column
+        self._capacity = capacity
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as its trimmed columns (the compiled build's native class has no instance dict)."""
+        return (RequestLog.from_columns, ({name: column.copy() for name, column in self.columns().items()},))
+
+    # Hot-path hooks: plain scalars in, one or two numpy item writes each.
+
+    def on_arrival(self, rid: int, t: float, prompt: int, output: int, session: int | None) -> None:
+        """Request ``rid`` arrived at the fleet at ``t`` asking for ``output`` tokens after ``prompt``."""
+        if rid >= self._capacity:
+            self._grow(rid + 1)
+        if rid >= self._size:
+            self._size = rid + 1
+        self.arrival_s[rid] = t
+        self.prompt_tokens[rid] = prompt
+        self.output_tokens[rid] = output
+        if session is not None:
+            self.session_id[rid] = session
+
+    def on_routed(self, rid: int, replica: int) -> None:
+        self.replica[rid] = replica
+
+    def on_scheduled(self, rid: int, t: float) -> None:
+        """First time the request got tokens in a step; later calls (after a preemption) are ignored so
+        the queue delay is the wait before service started, as vLLM reports it."""
+        if math.isnan(self.first_scheduled_s[rid]):
+            self.first_scheduled_s[rid] = t
+
+    def on_first_token(self, rid: int, t: float) -> None:
+        """First token delivered to the client (network latency already added by the caller). Only the
+        first call counts: a recompute after preemption does not deliver the first token again."""
+        if math.isnan(self.first_token_s[rid]):
+            self.first_token_s[rid] = t
+
+    def on_finish(self, rid: int, t: float, cached_tokens: int, preemptions: int) -> None:
+        """Last token delivered at ``t``; ``cached_tokens`` prompt tokens came from the prefix cache.
+        A one-token answer whose first token was not reported separately gets ``t`` as its first token."""
+        self.finish_s[rid] = t
+        if math.isnan(self.first_token_s[rid]):
+            self.first_token_s[rid] = t
+        self.cached_tokens[rid] = cached_tokens
+        self.preemptions[rid] = preemptions
+
+    def on_rejected(self, rid: int, t: float) -> None:
+        """The fleet will never serve this request (too long for any replica, or admission refused)."""
+        self.rejected[rid] = True
+        self.rejected_s[rid] = t
+
+    # Export.
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The raw columns trimmed to the ids seen, as views (copy them before the run goes on)."""
+        n = self._size
+        return {name: getattr(self, name)[:n] for name in REQUEST_COLUMNS}
+
+    @classmethod
+    def from_columns(cls, columns: Mapping[str, np.ndarray]) -> RequestLog:
+        """A log holding copies of ``columns`` (as given by ``columns()``); missing columns stay empty."""
+        n = len(columns["arrival_s"])
+        log = cls(n)
+        for name, values in columns.items():
+            if name not in REQUEST_COLUMNS:
+                raise ValueError(f"unknown request column {name!r}; expected one of {REQUEST_COLUMNS}")
+            if len(values) != n:
+                raise ValueError(f"column {name!r} has {len(values)} rows, arrival_s has {n}")
+            getattr(log, name)[:n] = values
+        log._size = n
+        return log
+
+    def trimmed(self) -> RequestLog:
+        """A compact copy holding only the ids seen (drops the spare preallocated capacity)."""
+        return RequestLog.from_columns(self.columns())
+
+    def outcomes(self) -> dict[RequestOutcome, np.ndarray]:
+        """Boolean masks over ids: each arrived request is in exactly one mask; unseen ids in none."""
+        c = self.columns()
+        arrived = ~np.isnan(c["arrival_s"])
+        rejected = arrived & c["rejected"]
+        finished = arrived & ~rejected & ~np.isnan(c["finish_s"])
+        return {
+            RequestOutcome.COMPLETED: finished,
+            RequestOutcome.IN_FLIGHT: arrived & ~rejected & ~finished,
+            RequestOutcome.REJECTED: rejected,
+        }
+
+    def latencies_ms(self) -> dict[str, np.ndarray]:
+        """``queue_ms``, ``ttft_ms``, ``tpot_ms``, ``e2e_ms`` per id, NaN where undefined (the event did not
+        happen, or TPOT of a one-token answer). Raw per event: mask with ``outcomes()`` as needed."""
+        return {f"{k}_ms": v * 1e3 for k, v in latencies_s(self.columns()).items()}
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per arrived request with derived ``queue_ms``, ``ttft_ms``, ``tpot_ms``, ``e2e_ms``.
+
+        Latencies are NaN where undefined (not finished, or TPOT of a one-token answer); ``replica`` and
+        ``session_id`` are nullable integers, missing when not routed or not in a session.
+        """
+        c = self.columns()
+        keep = ~np.isnan(c["arrival_s"])
+        ids = np.flatnonzero(keep)
+        c = {name: col[keep] for name, col in c.items()}
+        masks = {k: v[keep] for k, v in self.outcomes().items()}
+        # Codes index RequestOutcome's members in declaration order (COMPLETED, IN_FLIGHT, REJECTED).
+        codes = np.ones(len(ids), dtype=np.int8)
+        codes[masks[RequestOutcome.COMPLETED]] = 0
+        codes[masks[RequestOutcome.REJECTED]] = 2
+        lat = {k: v[keep] for k, v in self.latencies_ms().items()}
+        return pd.DataFrame(
+            {
+                "request_id": ids.astype(np.int64),
+                "arrival_s": c["arrival_s"],
+                "replica": pd.arrays.IntegerArray(c["replica"].astype(np.int32), c["replica"] < 0),
+                "session_id": pd.arrays.IntegerArray(c["session_id"].astype(np.int64), c["session_id"] < 0),
+                "outcome": pd.Categorical.from_codes(codes, categories=pd.Index([o.value for o in RequestOutcome])),
+                "prompt_tokens": c["prompt_tokens"],
+                "output_tokens": c["output_tokens"],
+                "cached_tokens": c["cached_tokens"],
+                "preemptions": c["preemptions"],
+                "first_scheduled_s": c["first_scheduled_s"],
+                "first_token_s": c["first_token_s"],
+                "finish_s": c["finish_s"],
+                "queue_ms": lat["queue_ms"],
+                "ttft_ms": lat["ttft_ms"],
+                "tpot_ms": lat["tpot_ms"],
+                "e2e_ms": lat["e2e_ms"],
+            }
+        )
+
+
+def latencies_s(c: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per-request latencies in seconds, NaN where undefined. The one place the §5 formulas live."""
+    arrival = c["arrival_s"]
+    ttft = c["first_token_s"] - arrival
+    e2e = c["finish_s"] - arrival
+    out = c["output_tokens"]
+    # A one-token answer has no inter-token gap: TPOT is undefined there, not zero (vLLM skips it too).
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = np.where(out > 1, (e2e - ttft) / np.maximum(out - 1, 1), np.nan)
+    return {"queue": c["first_scheduled_s"] - arrival, "ttft": ttft, "tpot": tpot, "e2e": e2e}
