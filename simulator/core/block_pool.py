@@ -26,7 +26,7 @@ The pool knows nothing about requests or scheduling. Standard library only.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 _COMPACT_SLACK = 1024
 """Stale free-queue entries tolerated beyond the live ones before the queue is rebuilt without them."""
@@ -214,14 +214,19 @@ class BlockPool:
             elif count < 0:
                 raise AssertionError(f"block {block_id} freed more often than referenced")
 
-    def cache_blocks(self, block_ids: Iterable[int], block_hashes: Iterable[int]) -> None:
+    def cache_blocks(self, block_ids: Sequence[int], block_hashes: Sequence[int]) -> None:
         """Index each (block, hash) pair in order; a block already indexed, or a hash already held by
         another block (first copy wins), is left as it is."""
         if not self.enable_caching:
             return
+        if len(block_ids) != len(block_hashes):
+            raise ValueError(f"{len(block_ids)} blocks but {len(block_hashes)} hashes")
         hash_of = self._hash_of
         cached = self.cached
-        for block_id, block_hash in zip(block_ids, block_hashes, strict=True):
+        # Indexed, not zip(strict=True): compiled, that zip is a generic keyword call (~0.6 us).
+        for i in range(len(block_ids)):
+            block_id = block_ids[i]
+            block_hash = block_hashes[i]
             if block_id not in hash_of and block_hash not in cached:
                 cached[block_hash] = block_id
                 hash_of[block_id] = block_hash

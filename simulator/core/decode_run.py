@@ -64,10 +64,8 @@ class DecodeRun:
                 first = -computed % bs or bs  # the step whose token completes a block
                 if first <= num_steps:
                     progressions.append(((first - 1) % bs + 1, index, (first - 1) // bs))
-        if caching:
+        if len(progressions) > 1:
             progressions.sort()  # a pair listed twice (block size 1) is applied once
-        else:
-            progressions.sort(key=_phase)  # stable: running order within a phase, as listed
         self._computed0 = computed0
         self._output0 = output0
         self.ctx_sum_start = ctx_sum + n
@@ -156,7 +154,3 @@ class DecodeRun:
         self.set_counters(self.num_steps)
         self.scheduler.account_steps(self.num_steps)
         return self.scheduler.retire_finished(self.requests)
-
-
-def _phase(progression: tuple[int, int, int]) -> int:
-    return progression[0]

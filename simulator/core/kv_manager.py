@@ -159,8 +159,9 @@ class KVManager:
         if self.enable_caching:
             raise ValueError("append_blocks is the caching-off path; with caching use allocate")
         tables = self.req_blocks
-        for request_id, block_id in zip(request_ids, self.pool.get_new_blocks(len(request_ids)), strict=True):
-            tables[request_id].append(block_id)
+        blocks = self.pool.get_new_blocks(len(request_ids))
+        for i in range(len(blocks)):  # as many as asked (else get_new_blocks raised)
+            tables[request_ids[i]].append(blocks[i])
 
     def _cache_full_blocks(self, request: Request, blocks: list[int], num_new_tokens: int,
                            num_hit_blocks: int) -> None:

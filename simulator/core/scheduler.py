@@ -158,7 +158,13 @@ class Scheduler:
         tokens samples one more; it finishes at its output length (or when the engine says it stopped,
         e.g. on EOS). Returns the requests that finished, in plan order."""
         finished: list[Request] = []
-        for request, num_new in zip(plan.requests, plan.num_new_tokens, strict=True):
+        rows = plan.requests
+        rows_new = plan.num_new_tokens
+        if len(rows) != len(rows_new):
+            raise ValueError(f"plan {plan.step_id} has {len(rows)} rows but {len(rows_new)} token counts")
+        for index in range(len(rows)):  # indexed: compiled, zip(strict=True) is a slow generic call
+            request = rows[index]
+            num_new = rows_new[index]
             computed = request.num_computed_tokens + num_new
             request.num_computed_tokens = computed
             if computed < request.num_prompt_tokens + request.num_output_tokens:  # num_tokens

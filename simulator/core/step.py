@@ -8,7 +8,7 @@ Standard library only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from simulator.core.request import Request
@@ -53,25 +53,40 @@ class SwapOp:
     """Device blocks read (swap-out, before they are freed) or written (swap-in)."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class StepPlan:
-    """One step: per scheduled request, the new tokens and the computed tokens before the step."""
+    """One step: per scheduled request, the new tokens and the computed tokens before the step.
+
+    A dataclass for its repr and equality; ``__init__`` is written out because the scheduler builds one
+    per step and the generated one runs as interpreted Python even in the compiled build."""
 
     step_id: int
-    requests: list[Request] = field(default_factory=list)
+    requests: list[Request]
     """Scheduled requests, in the order the scheduler chose them (running first, then admissions)."""
-    num_new_tokens: list[int] = field(default_factory=list)
-    num_computed_tokens: list[int] = field(default_factory=list)
+    num_new_tokens: list[int]
+    num_computed_tokens: list[int]
     """Computed tokens of each scheduled request before this step (a prefix hit counts as computed)."""
-    preempted_ids: list[int] = field(default_factory=list)
+    preempted_ids: list[int]
     """Requests preempted while building this plan (recompute or swap)."""
-    swapped_out: list[SwapOp] = field(default_factory=list)
-    swapped_in: list[SwapOp] = field(default_factory=list)
-    admitted_ids: list[int] = field(default_factory=list)
+    swapped_out: list[SwapOp]
+    swapped_in: list[SwapOp]
+    admitted_ids: list[int]
     """Requests that left the waiting queue in this step (new, or resumed after recompute)."""
-    finished_ids: list[int] = field(default_factory=list)
+    finished_ids: list[int]
     """Filled by ``Scheduler.update``: requests that produced their last token in this step."""
-    _shape: StepShape | None = None
+    _shape: StepShape | None
+
+    def __init__(self, step_id: int) -> None:
+        self.step_id = step_id
+        self.requests = []
+        self.num_new_tokens = []
+        self.num_computed_tokens = []
+        self.preempted_ids = []
+        self.swapped_out = []
+        self.swapped_in = []
+        self.admitted_ids = []
+        self.finished_ids = []
+        self._shape = None
 
     def add(self, request: Request, num_new_tokens: int) -> None:
         self.requests.append(request)
@@ -102,7 +117,13 @@ def compute_shape(plan: StepPlan) -> StepShape:
     decode_ctx = 0
     prefill_tokens = 0
     pairs = 0.0
-    for n, p in zip(plan.num_new_tokens, plan.num_computed_tokens, strict=True):
+    new = plan.num_new_tokens
+    computed = plan.num_computed_tokens
+    if len(new) != len(computed):
+        raise ValueError(f"plan {plan.step_id} has {len(new)} new-token counts but {len(computed)} computed counts")
+    for i in range(len(new)):  # indexed: compiled, zip(strict=True) is a slow generic call
+        n = new[i]
+        p = computed[i]
         if n == 1:
             num_decode += 1
             decode_ctx += p
