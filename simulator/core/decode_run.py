@@ -26,7 +26,7 @@ class DecodeRun:
     (``advance_to``) and closed by ``finish``; ``truncate`` cuts the run short (an arrival that could
     change the batch)."""
 
-    __slots__ = ("_computed0", "_cursor", "_output0", "_progressions", "batch", "block_size", "ctx_sum_start",
+    __slots__ = ("_counter_step", "_cursor", "_progressions", "batch", "block_size", "ctx_sum_start",
                  "num_done", "num_steps", "requests", "scheduler")
 
     def __init__(self, scheduler: Scheduler, num_steps: int) -> None:
@@ -47,15 +47,11 @@ class DecodeRun:
         kv = scheduler.kv
         tables = kv.req_blocks
         caching = kv.enable_caching
-        computed0: list[int] = []
-        output0: list[int] = []
         progressions: list[tuple[int, int, int]] = []
         ctx_sum = 0
         for index in range(n):  # one pass, plain ints (this runs once per decode run)
             request = requests[index]
             computed = request.num_computed_tokens
-            computed0.append(computed)
-            output0.append(request.num_output_tokens)
             ctx_sum += computed
             first = len(tables[request.request_id]) * bs - computed + 1  # first token of a new block
             if 1 <= first <= num_steps:
@@ -66,8 +62,8 @@ class DecodeRun:
                     progressions.append(((first - 1) % bs + 1, index, (first - 1) // bs))
         if len(progressions) > 1:
             progressions.sort()  # a pair listed twice (block size 1) is applied once
-        self._computed0 = computed0
-        self._output0 = output0
+        self._counter_step = 0
+        """The run step every request's token counters stand at (all move together: ``set_counters``)."""
         self.ctx_sum_start = ctx_sum + n
         """Context sum of the first step: every request attends to its computed tokens plus the new one."""
         self._progressions = progressions
@@ -122,8 +118,7 @@ class DecodeRun:
             kv.append_blocks([requests[index].request_id for _, index in events])
             return
         allocate = kv.allocate
-        computed0 = self._computed0
-        output0 = self._output0
+        counter_step = self._counter_step
         previous = None
         for event in events:
             if event == previous:
@@ -131,21 +126,29 @@ class DecodeRun:
             previous = event
             j, index = event
             request = requests[index]
-            request.num_computed_tokens = computed0[index] + j - 1
-            request.num_output_tokens = output0[index] + j - 1
-            if allocate(request, 1) is None:  # steady_decode_steps checked the pool: cannot happen
+            # The request as it stands when step j is scheduled, for the allocation only; then back to
+            # the run's common counter step.
+            computed = request.num_computed_tokens
+            outputs = request.num_output_tokens
+            request.num_computed_tokens = computed + (j - 1 - counter_step)
+            request.num_output_tokens = outputs + (j - 1 - counter_step)
+            allocated = allocate(request, 1)
+            request.num_computed_tokens = computed
+            request.num_output_tokens = outputs
+            if allocated is None:  # steady_decode_steps checked the pool: cannot happen
                 raise AssertionError(f"decode run: no KV for {request} at step {j}")
 
     def set_counters(self, step: int) -> None:
         """Leave every request as it is after ``step`` steps of the run (for readers of request state,
-        e.g. KV usage figures, in the middle of a run; O(batch))."""
-        requests = self.requests
-        computed0 = self._computed0
-        output0 = self._output0
-        for index in range(len(requests)):  # indexed: plain ints when compiled
-            request = requests[index]
-            request.num_computed_tokens = computed0[index] + step
-            request.num_output_tokens = output0[index] + step
+        e.g. KV usage figures, in the middle of a run; O(batch)). Counters move by the same amount for
+        every request, so no copy of them is kept."""
+        delta = step - self._counter_step
+        if delta == 0:
+            return
+        self._counter_step = step
+        for request in self.requests:
+            request.num_computed_tokens += delta
+            request.num_output_tokens += delta
 
     def finish(self) -> list[Request]:
         """Apply the remaining steps and leave every request as the step-by-step path would, finishing
