@@ -3,7 +3,7 @@ at its arrival time.
 
 One event per distinct arrival time (requests arriving at the same instant go together), scheduled at
 the spec's own ``arrival_s`` (no ``now + delay`` rounding) and handled by a callback, like the replicas'
-own events (``replica.schedule_at``): no SimPy process, generator or ``Timeout`` per request.
+own events (``replica.Clock.at``): no SimPy process, generator or ``Timeout`` per request.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import simpy
 
 from simulator.core.request import RequestSpec
 from simulator.metrics import RequestLog
-from simulator.replica import Replica, schedule_at
+from simulator.replica import Clock, Replica
 
 RouteFn = Callable[[RequestSpec, float], int]
 """route(spec, now) -> index of the replica that receives it."""
@@ -42,6 +42,7 @@ class ArrivalFeed:
         if report_every < 1:
             raise ValueError(f"report_every must be >= 1, got {report_every}")
         self.env = env
+        self.clock = Clock(env)
         self.log = log
         self.replicas = list(replicas)
         self.route = route
@@ -51,12 +52,11 @@ class ArrivalFeed:
         self._specs: Iterator[RequestSpec] = iter(specs)
         self._next: RequestSpec | None = next(self._specs, None)
         if self._next is not None:
-            schedule_at(env, max(self._next.arrival_s, env.now), self._on_arrival)
+            self.clock.at(max(self._next.arrival_s, env.now), self._on_arrival)
 
     def _on_arrival(self, event: object) -> None:
         """Dispatch every request due now, then schedule the next arrival."""
-        env = self.env
-        now = env.now
+        now = self.clock.now()
         log = self.log
         route = self.route
         replicas = self.replicas
@@ -74,4 +74,4 @@ class ArrivalFeed:
             spec = next(self._specs, None)
         self._next = spec
         if spec is not None:
-            schedule_at(env, spec.arrival_s, self._on_arrival)
+            self.clock.at(spec.arrival_s, self._on_arrival)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Sequence
 from heapq import heappush
-from typing import Any
+from typing import Any, Final
 
 import simpy
 from simpy.events import NORMAL
@@ -45,14 +45,31 @@ class _Wake:
         self._ok = True
 
 
-def schedule_at(env: simpy.Environment, at_s: float, callback: Callback) -> _Wake:
-    """Schedule ``callback`` at the absolute time ``at_s`` (>= now): what ``Environment.schedule`` does
-    with priority NORMAL — the order a ``Timeout`` gets — without the ``now + delay`` rounding, so a
-    decode run ends exactly at its last step's accumulated end time."""
-    event = _Wake(callback)
-    queue: list[tuple[float, int, int, Any]] = env._queue  # type: ignore[assignment]  # holds simpy.Events
-    heappush(queue, (at_s, NORMAL, next(env._eid), event))
-    return event
+class Clock:
+    """A SimPy environment's clock and event queue, as the replicas and the arrival feed drive them (the
+    queue and its id counter read once, not per event)."""
+
+    __slots__ = ("_eid", "_queue", "env")
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self._queue: list[tuple[float, int, int, Any]] = env._queue  # type: ignore[assignment]  # simpy.Events
+        self._eid = env._eid
+
+    def now(self) -> float:
+        """``env.now`` without the property call."""
+        return self.env._now
+
+    def at(self, at_s: float, callback: Callback) -> _Wake:
+        """Schedule ``callback`` at the absolute time ``at_s`` (>= now): what ``Environment.schedule``
+        does with priority NORMAL — the order a ``Timeout`` gets — without the ``now + delay`` rounding,
+        so a decode run ends exactly at its last step's accumulated end time."""
+        event = _Wake(callback)
+        heappush(self._queue, (at_s, _NORMAL, next(self._eid), event))
+        return event
+
+
+_NORMAL: Final = NORMAL
 
 
 class Replica:
@@ -73,6 +90,7 @@ class Replica:
         loads: list[int] | None = None,
     ) -> None:
         self.env = env
+        self.clock = Clock(env)
         self.replica_id = replica_id
         self.scheduler = Scheduler(config)
         self.cost_model = cost_model
@@ -129,7 +147,7 @@ class Replica:
         replica sees exactly the state the step-by-step path would have."""
         active = self._run_state
         if active is not None:
-            active.advance(self.env.now)
+            active.advance(self.clock.now())
 
     # ----- work ------------------------------------------------------------------------------------
 
@@ -137,18 +155,18 @@ class Replica:
         self.sync()  # steps that ended before this arrival are sampled without it
         request = self.scheduler.add_request(spec)
         if request.status is RequestStatus.REJECTED:
-            self.log.on_rejected(spec.request_id, self.env.now)
+            self.log.on_rejected(spec.request_id, self.clock.now())
             return
         self._publish_load()
         if self._idle:
             # Wake up after the events already due now (a process woken by an event does the same), so
             # that every request arriving at this instant is there for the first step.
             self._idle = False
-            schedule_at(self.env, self.env.now, self._on_wake)
+            self.clock.at(self.clock.now(), self._on_wake)
             return
         active = self._run_state
         if active is not None and active.cut_on_arrival and not active.cut:
-            active.cut_at(self.env.now)  # the scheduler would try to admit it at the next step boundary
+            active.cut_at(self.clock.now())  # the scheduler would try to admit it at the next step boundary
 
     def _publish_load(self) -> None:
         """Requests were added or finished: keep the fleet's load list equal to ``load``."""
@@ -164,21 +182,20 @@ class Replica:
         if not scheduler.has_work:
             self._idle = True
             return
-        env = self.env
         if self.fast_path:
             num_steps = scheduler.steady_decode_steps()
             if num_steps >= 2:
                 # A decode run: ``num_steps`` identical decode steps in one event, cut short by an
                 # arrival the scheduler would try to admit (``submit`` -> ``_ActiveRun.cut_at``).
                 run = DecodeRun(scheduler, num_steps)
-                start = env.now
+                start = self.clock.now()
                 # Step end times accumulated one addition at a time from now, as the step-by-step
                 # clock does.
                 ends = self.cost_model.decode_step_ends(run.batch, run.ctx_sum_start, num_steps, start)
                 active = _ActiveRun(self, run, ends, start, self._cut_possible and run.batch < self._max_num_seqs)
                 self._run_state = active
                 active.advance(start)  # the first step is scheduled now
-                active.event = schedule_at(env, ends[-1], self._on_run_end)
+                active.event = self.clock.at(ends[-1], self._on_run_end)
                 return
         plan = scheduler.schedule()
         if self.on_plan is not None:
@@ -188,14 +205,14 @@ class Replica:
             # next arrival rather than spin. The core rejects requests that can never fit.
             self._idle = True
             return
-        start = env.now
+        start = self.clock.now()
         log = self.log
         for rid in plan.admitted_ids:
             log.on_scheduled(rid, start)
         step_s = self.cost_model.step_time(plan.shape)
         self._plan = plan
         self._step_s = step_s
-        schedule_at(env, start + step_s, self._on_step_end)
+        self.clock.at(start + step_s, self._on_step_end)
 
     def _on_step_end(self, event: object) -> None:
         """One step of the step-by-step path ended: account it, log its tokens, sample, go on."""
@@ -208,7 +225,7 @@ class Replica:
         self.busy_s += self._step_s
         if scheduler.update(plan):
             self._publish_load()
-        now = self.env.now
+        now = self.clock.now()
         delivered = now + self.network_latency_s
         for request in plan.requests:
             if request.num_output_tokens == 1 and request.num_computed_tokens == request.num_prompt_tokens:
@@ -278,7 +295,7 @@ class _ActiveRun:
             raise RuntimeError("decode run cut after its end event fired")
         old.callbacks = []
         replica = self.replica
-        self.event = schedule_at(replica.env, self.ends[last - 1], replica._on_run_end)
+        self.event = replica.clock.at(self.ends[last - 1], replica._on_run_end)
 
     def advance(self, now: float) -> None:
         """Apply every step of the run that has started by ``now``; sample the ones that have ended."""
