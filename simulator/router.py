@@ -475,9 +475,11 @@ class RouterState:
 
     def route(self, router: Router, spec: RequestSpec, now_s: float) -> int:
         """Choose a replica for ``spec`` on the current views and account for the dispatch."""
-        views = self.views(now_s)
+        live = self.refresh_s == 0  # once per request: live views need no refresh and no dispatch count
+        views = self._replicas if live else self.views(now_s)
         index = router.choose(spec, views, now_s)
         if not 0 <= index < len(views):
             raise RuntimeError(f"router {type(router).__name__} chose {index} of {len(views)} replicas")
-        self.record_dispatch(index)
+        if not live:
+            self.record_dispatch(index)
         return index
