@@ -441,14 +441,12 @@ class RouterState:
             LiveViews(replicas, loads) if loads is not None else tuple(replicas)
         )
         self.refresh_s = refresh_s
+        self.is_live = refresh_s == 0
+        """Live views (``refresh_s`` 0): no snapshots, no refresh, no dispatch counting."""
         self._snapshots: list[ReplicaSnapshot] = []
         self._next_refresh_s = -math.inf
         self.last_refresh_s: float | None = None
         """Simulated time of the last snapshot; None before the first (and always with live views)."""
-
-    @property
-    def is_live(self) -> bool:
-        return self.refresh_s == 0
 
     def refresh(self, now_s: float) -> None:
         """Snapshot every replica now and forget the in-flight counts (the snapshot includes them)."""
@@ -475,7 +473,7 @@ class RouterState:
 
     def route(self, router: Router, spec: RequestSpec, now_s: float) -> int:
         """Choose a replica for ``spec`` on the current views and account for the dispatch."""
-        live = self.refresh_s == 0  # once per request: live views need no refresh and no dispatch count
+        live = self.is_live  # live views need no refresh and no dispatch count: skip both calls
         views = self._replicas if live else self.views(now_s)
         index = router.choose(spec, views, now_s)
         if not 0 <= index < len(views):

@@ -160,9 +160,7 @@ class Scheduler:
         finished: list[Request] = []
         rows = plan.requests
         rows_new = plan.num_new_tokens
-        if len(rows) != len(rows_new):
-            raise ValueError(f"plan {plan.step_id} has {len(rows)} rows but {len(rows_new)} token counts")
-        for index in range(len(rows)):  # indexed: compiled, zip(strict=True) is a slow generic call
+        for index in range(plan.num_rows()):  # indexed: compiled, zip(strict=True) is a slow generic call
             request = rows[index]
             num_new = rows_new[index]
             computed = request.num_computed_tokens + num_new

@@ -88,6 +88,14 @@ class StepPlan:
         self.finished_ids = []
         self._shape = None
 
+    def num_rows(self) -> int:
+        """Scheduled rows; checks that the per-row lists agree (``add`` and ``remove`` keep them so)."""
+        n = len(self.requests)
+        if len(self.num_new_tokens) != n or len(self.num_computed_tokens) != n:
+            raise ValueError(f"plan {self.step_id} has {n} requests but {len(self.num_new_tokens)} new-token "
+                             f"and {len(self.num_computed_tokens)} computed-token counts")
+        return n
+
     def add(self, request: Request, num_new_tokens: int) -> None:
         self.requests.append(request)
         self.num_new_tokens.append(num_new_tokens)
@@ -119,9 +127,7 @@ def compute_shape(plan: StepPlan) -> StepShape:
     pairs = 0.0
     new = plan.num_new_tokens
     computed = plan.num_computed_tokens
-    if len(new) != len(computed):
-        raise ValueError(f"plan {plan.step_id} has {len(new)} new-token counts but {len(computed)} computed counts")
-    for i in range(len(new)):  # indexed: compiled, zip(strict=True) is a slow generic call
+    for i in range(plan.num_rows()):  # indexed: compiled, zip(strict=True) is a slow generic call
         n = new[i]
         p = computed[i]
         if n == 1:

@@ -68,5 +68,6 @@ def test_an_empty_workload_schedules_nothing() -> None:
     env = simpy.Environment()
     log = RequestLog(0)
     ArrivalFeed(env, [], log, make_replicas(env, log, 1))
+    assert env.peek() == math.inf  # no event on the queue
     env.run()
     assert env.now == 0.0
