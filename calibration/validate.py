@@ -346,7 +346,7 @@ def simulate_recorded(config: SchedulerConfig, cost: CostModel, specs: Sequence[
 
     from simulator.arrivals import ArrivalFeed
     from simulator.metrics import ReplicaSeries
-    from simulator.replica import Replica
+    from simulator.replica import Replica, run_until
 
     env = simpy.Environment()
     log = RequestLog(len(specs))
@@ -359,7 +359,7 @@ def simulate_recorded(config: SchedulerConfig, cost: CostModel, specs: Sequence[
     replica = Replica(env, 0, config, cost, log, ReplicaSeries(0, 1.0), fast_path=False, on_plan=record)
 
     ArrivalFeed(env, specs, log, [replica])
-    env.run()
+    run_until(env)
     return [_composition([r.request_id for r in p.requests], p.num_new_tokens) for p in plans]
 
 

@@ -25,7 +25,7 @@ from simulator.metrics import (
     summarize,
 )
 from simulator.profile import get_accelerator
-from simulator.replica import Replica
+from simulator.replica import Replica, run_until
 from simulator.router import RouterState, make_router
 from simulator.scenario import LoadedScenario, Scenario, resolve_replica, scenario_record
 from simulator.workload import Workload, generate
@@ -84,7 +84,7 @@ def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
 
     ArrivalFeed(env, specs, log, replicas, route=partial(state.route, router),
                 progress=None if progress is None else report, report_every=max(1, num_requests // 100))
-    env.run(until=sim.horizon_s)
+    run_until(env, sim.horizon_s)
     end_s = env.now if sim.horizon_s is None else sim.horizon_s
     end_s = max(end_s, 1e-9)
     for replica in replicas:

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Sequence
-from heapq import heappush
+from heapq import heappop, heappush
 from typing import Any, Final
 
 import simpy
-from simpy.events import NORMAL
+from simpy.events import NORMAL, URGENT
 
 from simulator.core.config import Batching, SchedulerConfig
 from simulator.core.decode_run import DecodeRun
@@ -70,6 +70,46 @@ class Clock:
 
 
 _NORMAL: Final = NORMAL
+_URGENT: Final = URGENT
+
+
+def run_until(env: simpy.Environment, until: float | None = None) -> None:
+    """``env.run(until)``, with the replicas' and the arrival feed's events (``_Wake``) dispatched here.
+
+    Exactly SimPy's loop: pop the earliest (time, priority, id) entry, set the clock, call the event's
+    callbacks. A ``_Wake`` at the head is handled inline (compiled, this is the simulator's innermost
+    loop, and ``Environment.step`` is interpreted Python); any other event (a process, a timeout someone
+    scheduled) goes through ``env.step()`` itself, so a fleet can mix in ordinary SimPy processes.
+    ``until`` stops the clock where SimPy's urgent until-event would: before the events due at ``until``
+    that are not urgent and older than the call, and leaves ``env.now`` at ``until``.
+    """
+    queue: list[tuple[float, int, int, Any]] = env._queue  # type: ignore[assignment]  # simpy.Events
+    bounded = until is not None
+    stop_at = 0.0
+    stop_eid = 0
+    if until is not None:
+        now = env._now
+        if not until > now:
+            raise ValueError(f"until (={until}) must be greater than the current simulation time ({now})")
+        stop_at = now + (until - now)  # as SimPy schedules its until-event: now plus a delay
+        stop_eid = next(env._eid)  # the id that event would take
+    step = env.step
+    while queue:
+        at, priority, eid, event = queue[0]
+        if bounded and (at > stop_at or (at == stop_at and (priority > _URGENT or eid > stop_eid))):
+            break
+        if type(event) is _Wake:
+            heappop(queue)
+            env._now = at
+            callbacks = event.callbacks
+            event.callbacks = None
+            if callbacks:
+                for callback in callbacks:
+                    callback(event)
+        else:
+            step()
+    if bounded:
+        env._now = stop_at
 
 
 class Replica:

@@ -1,0 +1,88 @@
+"""``replica.run_until`` is ``env.run(until)``: the same events in the same order, the same clock at the end,
+with ordinary SimPy processes mixed in among the replicas' callback events."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Generator
+from typing import Any
+
+import numpy as np
+import pytest
+import simpy
+from simpy.events import URGENT
+
+from simulator.arrivals import ArrivalFeed
+from simulator.core.config import SchedulerConfig
+from simulator.core.request import RequestSpec
+from simulator.cost_model import CostModel
+from simulator.metrics import ReplicaSeries, RequestLog
+from simulator.profile import load_profile
+from simulator.replica import Replica, run_until
+
+PROFILE = "h200-llama-3-8b-tp1-analytic"
+
+
+def _specs(n: int, seed: int) -> list[RequestSpec]:
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(0.05, n))
+    arrivals[3] = arrivals[2]  # two requests at one instant
+    return [RequestSpec(request_id=i, arrival_s=float(t), prompt_tokens=int(rng.integers(20, 600)),
+                        output_tokens=int(rng.integers(1, 120))) for i, t in enumerate(arrivals)]
+
+
+def _fleet(fast_path: bool, seed: int) -> tuple[simpy.Environment, RequestLog, list[tuple[str, float]]]:
+    env = simpy.Environment()
+    specs = _specs(60, seed)
+    log = RequestLog(len(specs))
+    cost = CostModel(load_profile(PROFILE))
+    config = SchedulerConfig(num_blocks=400, block_size=16, max_num_seqs=8)
+    replicas = [Replica(env, i, config, cost, log, ReplicaSeries(i, 0.5), fast_path=fast_path) for i in range(2)]
+    visits: list[tuple[str, float]] = []
+
+    def watcher() -> Generator[simpy.Event, Any, None]:
+        """An ordinary SimPy process: it reads the replicas between their own events."""
+        for _ in range(200):  # bounded: with until=None the run ends when the queue empties
+            yield env.timeout(0.037)
+            visits.append((f"load {replicas[0].load} {replicas[1].load}", env.now))
+
+    def urgent_at(at_s: float) -> None:
+        event = simpy.Event(env)
+        event._ok = True
+        event.callbacks.append(lambda _e: visits.append(("urgent", env.now)))
+        env.schedule(event, URGENT, at_s - env.now)
+
+    env.process(watcher())
+    urgent_at(1.0)
+    route: Callable[[RequestSpec, float], int] = lambda spec, now: spec.request_id % 2  # noqa: E731
+    ArrivalFeed(env, specs, log, replicas, route=route)
+    return env, log, visits
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+@pytest.mark.parametrize("until", [None, 1.0, 2.22])
+def test_run_until_matches_simpy_run(fast_path: bool, until: float | None) -> None:
+    expected_env, expected_log, expected_visits = _fleet(fast_path, seed=7)
+    expected_env.run(until=until)
+    env, log, visits = _fleet(fast_path, seed=7)
+    run_until(env, until)
+    assert env.now == expected_env.now
+    assert visits == expected_visits
+    a, b = log.columns(), expected_log.columns()
+    assert a.keys() == b.keys()
+    for key in a:
+        assert np.array_equal(a[key], b[key], equal_nan=True), key
+    if until is None:
+        assert not math.isnan(float(np.nanmax(a["finish_s"])))
+    else:
+        assert env.now == until
+        assert ("urgent", 1.0) in visits  # an urgent event due at the stop time still runs (SimPy's order)
+
+
+def test_run_until_refuses_a_stop_time_not_ahead_of_the_clock() -> None:
+    env = simpy.Environment()
+    env.run(until=2.0)
+    with pytest.raises(ValueError, match="greater than the current simulation time"):
+        run_until(env, 2.0)
+    with pytest.raises(ValueError, match="greater than the current simulation time"):
+        run_until(env, 1.0)
