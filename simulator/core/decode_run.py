@@ -26,8 +26,8 @@ class DecodeRun:
     (``advance_to``) and closed by ``finish``; ``truncate`` cuts the run short (an arrival that could
     change the batch)."""
 
-    __slots__ = ("_counter_step", "_cursor", "_progressions", "batch", "block_size", "ctx_sum_start",
-                 "num_done", "num_steps", "requests", "scheduler")
+    __slots__ = ("_counter_step", "_cursor", "_first_cycle", "_progressions", "_tables", "batch", "block_size",
+                 "ctx_sum_start", "num_done", "num_steps", "requests", "scheduler")
 
     def __init__(self, scheduler: Scheduler, num_steps: int) -> None:
         self.scheduler = scheduler
@@ -42,26 +42,36 @@ class DecodeRun:
         # (phase, index, cycle) with f = phase + cycle * block_size, phase in 1..block_size, and expanded
         # lazily (most runs are cut after a few steps). In cycle m, event (phase, index, cycle) falls on
         # step phase + m * block_size if cycle <= m: sorted by (phase, index), one cycle's events come in
-        # step order, running order within a step.
+        # step order, running order within a step. Each is kept as one int, (phase * n + index) * 2 +
+        # kind (sorting ints is several times cheaper than sorting tuples), its cycle in ``_first_cycle``
+        # at 2 * index + kind.
         bs = self.block_size = scheduler.block_size
         kv = scheduler.kv
-        tables = kv.req_blocks
         caching = kv.enable_caching
-        progressions: list[tuple[int, int, int]] = []
+        tables: list[list[int]] = []
+        progressions: list[int] = []
+        first_cycle = [0] * (2 * n)
         ctx_sum = 0
         for index in range(n):  # one pass, plain ints (this runs once per decode run)
             request = requests[index]
             computed = request.num_computed_tokens
             ctx_sum += computed
-            first = len(tables[request.request_id]) * bs - computed + 1  # first token of a new block
+            table = kv.block_table(request.request_id)
+            tables.append(table)
+            first = len(table) * bs - computed + 1  # first token of a new block
             if 1 <= first <= num_steps:
-                progressions.append(((first - 1) % bs + 1, index, (first - 1) // bs))
+                progressions.append((((first - 1) % bs + 1) * n + index) * 2)
+                first_cycle[2 * index] = (first - 1) // bs
             if caching and len(request.block_hashes) > computed // bs:
                 first = -computed % bs or bs  # the step whose token completes a block
                 if first <= num_steps:
-                    progressions.append(((first - 1) % bs + 1, index, (first - 1) // bs))
+                    progressions.append((((first - 1) % bs + 1) * n + index) * 2 + 1)
+                    first_cycle[2 * index + 1] = (first - 1) // bs
         if len(progressions) > 1:
-            progressions.sort()  # a pair listed twice (block size 1) is applied once
+            progressions.sort()  # a request's two kinds of event on one step sit together: applied once
+        self._tables = tables
+        """Each request's block table (the KV manager's own list), in running order."""
+        self._first_cycle = first_cycle
         self._counter_step = 0
         """The run step every request's token counters stand at (all move together: ``set_counters``)."""
         self.ctx_sum_start = ctx_sum + n
@@ -70,26 +80,32 @@ class DecodeRun:
         self._cursor = (0, 0)
         """(cycle, position in the progressions) of the next event not yet applied."""
 
-    def _take_events(self, step: int) -> list[tuple[int, int]]:
-        """The (step, index) events after the cursor up to ``step``, in order; moves the cursor past them."""
+    def _take_events(self, step: int) -> list[int]:
+        """The events after the cursor up to ``step``, in order, each as ``step * batch + index``; moves the
+        cursor past them."""
         progressions = self._progressions
         if not progressions:
             return []
         bs = self.block_size
+        n = self.batch
+        first_cycle = self._first_cycle
         cycle, position = self._cursor
-        out: list[tuple[int, int]] = []
+        out: list[int] = []
         count = len(progressions)
         while True:
             base = cycle * bs
             if base + 1 > step:
                 break
             while position < count:
-                phase, index, first_cycle = progressions[position]
+                key = progressions[position]
+                slot = key >> 1  # phase * n + index
+                phase = slot // n
                 if phase + base > step:
                     self._cursor = (cycle, position)
                     return out
-                if first_cycle <= cycle:
-                    out.append((phase + base, index))
+                index = slot - phase * n
+                if first_cycle[2 * index + (key & 1)] <= cycle:
+                    out.append(slot + base * n)  # (phase + base) * n + index
                 position += 1
             cycle += 1
             position = 0
@@ -112,20 +128,22 @@ class DecodeRun:
         if not events:
             return
         kv = self.scheduler.kv
-        requests = self.requests
+        n = self.batch
         if not kv.enable_caching:
             # Every event starts a block (no hashes to index): hand them out in one call, in step order.
-            kv.append_blocks([requests[index].request_id for _, index in events])
+            tables = self._tables
+            kv.append_blocks([tables[event % n] for event in events])
             return
+        requests = self.requests
         allocate = kv.allocate
         counter_step = self._counter_step
-        previous = None
+        previous = -1
         for event in events:
             if event == previous:
-                continue
+                continue  # both kinds of event of one request on one step: one allocation
             previous = event
-            j, index = event
-            request = requests[index]
+            j = event // n
+            request = requests[event - j * n]
             # The request as it stands when step j is scheduled, for the allocation only; then back to
             # the run's common counter step.
             computed = request.num_computed_tokens

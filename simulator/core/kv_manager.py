@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from simulator.core.block_pool import BlockPool
 from simulator.core.request import Request
@@ -152,16 +153,23 @@ class KVManager:
             not self.enable_caching or (computed + 1) % self.block_size != 0
         )
 
-    def append_blocks(self, request_ids: Sequence[int]) -> None:
-        """One fresh block at the end of each listed request's table, popped in the order listed (a
-        request listed twice gets two): ``allocate(request, 1)`` for decode tokens that start a block,
+    def block_table(self, request_id: int) -> list[int]:
+        """The request's block table itself (not a copy: ``block_ids`` copies), for ``append_blocks``;
+        it must hold blocks already."""
+        return self.req_blocks[request_id]
+
+    def append_blocks(self, tables: Sequence[list[int]]) -> None:
+        """One fresh block at the end of each listed table (``block_table``), popped in the order listed
+        (a table listed twice gets two): ``allocate(request, 1)`` for decode tokens that start a block,
         when prefix caching is off. The caller (a decode run) has checked that the pool holds them all."""
         if self.enable_caching:
             raise ValueError("append_blocks is the caching-off path; with caching use allocate")
-        tables = self.req_blocks
-        blocks = self.pool.get_new_blocks(len(request_ids))
+        # Block ids stay Python ints from list to list (typed as objects, the compiled build does not
+        # unbox and re-box each one).
+        blocks: list[Any] = self.pool.get_new_blocks(len(tables))
         for i in range(len(blocks)):  # as many as asked (else get_new_blocks raised)
-            tables[request_ids[i]].append(blocks[i])
+            table: list[Any] = tables[i]
+            table.append(blocks[i])
 
     def _cache_full_blocks(self, request: Request, blocks: list[int], num_new_tokens: int,
                            num_hit_blocks: int) -> None:
