@@ -48,6 +48,7 @@ class DecodeRun:
         bs = self.block_size = scheduler.block_size
         kv = scheduler.kv
         caching = kv.enable_caching
+        held = kv.req_blocks
         tables: list[list[int]] = []
         progressions: list[int] = []
         first_cycle = [0] * (2 * n)
@@ -56,7 +57,7 @@ class DecodeRun:
             request = requests[index]
             computed = request.num_computed_tokens
             ctx_sum += computed
-            table = kv.block_table(request.request_id)
+            table = held[request.request_id]  # the KV manager's own list, appended to in place
             tables.append(table)
             first = len(table) * bs - computed + 1  # first token of a new block
             if 1 <= first <= num_steps:
@@ -135,7 +136,6 @@ class DecodeRun:
             kv.append_blocks([tables[event % n] for event in events])
             return
         requests = self.requests
-        allocate = kv.allocate
         counter_step = self._counter_step
         previous = -1
         for event in events:
@@ -150,7 +150,7 @@ class DecodeRun:
             outputs = request.num_output_tokens
             request.num_computed_tokens = computed + (j - 1 - counter_step)
             request.num_output_tokens = outputs + (j - 1 - counter_step)
-            allocated = allocate(request, 1)
+            allocated = kv.allocate(request, 1)
             request.num_computed_tokens = computed
             request.num_output_tokens = outputs
             if allocated is None:  # steady_decode_steps checked the pool: cannot happen

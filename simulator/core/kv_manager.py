@@ -153,15 +153,11 @@ class KVManager:
             not self.enable_caching or (computed + 1) % self.block_size != 0
         )
 
-    def block_table(self, request_id: int) -> list[int]:
-        """The request's block table itself (not a copy: ``block_ids`` copies), for ``append_blocks``;
-        it must hold blocks already."""
-        return self.req_blocks[request_id]
-
     def append_blocks(self, tables: Sequence[list[int]]) -> None:
-        """One fresh block at the end of each listed table (``block_table``), popped in the order listed
-        (a table listed twice gets two): ``allocate(request, 1)`` for decode tokens that start a block,
-        when prefix caching is off. The caller (a decode run) has checked that the pool holds them all."""
+        """One fresh block at the end of each listed table (``req_blocks[request_id]``, the list itself),
+        popped in the order listed (a table listed twice gets two): ``allocate(request, 1)`` for decode
+        tokens that start a block, when prefix caching is off. The caller (a decode run) has checked that
+        the pool holds them all."""
         if self.enable_caching:
             raise ValueError("append_blocks is the caching-off path; with caching use allocate")
         # Block ids stay Python ints from list to list (typed as objects, the compiled build does not

@@ -258,14 +258,14 @@ class Scheduler:
         threshold = cfg.long_prefill_token_threshold
         preempted = False
         running = self.running
-        appends_in_place = self.kv.appends_in_place
+        kv = self.kv  # its method called on it: compiled, a bound method taken out is a generic call
         rows, rows_new, rows_computed = plan.requests, plan.num_new_tokens, plan.num_computed_tokens
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
             computed = request.num_computed_tokens
             num_new = request.num_prompt_tokens + request.num_output_tokens - computed
-            if num_new == 1 and appends_in_place(request):
+            if num_new == 1 and kv.appends_in_place(request):
                 # A decode the KV manager needs to do nothing for: schedule it without the allocation.
                 rows.append(request)
                 rows_new.append(1)

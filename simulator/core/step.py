@@ -9,7 +9,7 @@ Standard library only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from simulator.core.request import Request
 
@@ -139,6 +139,11 @@ def compute_shape(plan: StepPlan) -> StepShape:
     swap = 0
     if plan.swapped_out or plan.swapped_in:
         swap = sum(op.num_tokens for op in plan.swapped_out) + sum(op.num_tokens for op in plan.swapped_in)
-    # Each decode row attends to its computed tokens plus the new one.
-    return StepShape(len(plan.requests), num_decode + prefill_tokens, num_decode, decode_ctx + num_decode,
-                     prefill_tokens, pairs, swap)
+    # Each decode row attends to its computed tokens plus the new one. Built with tuple.__new__: a named
+    # tuple's own __new__ is generated Python code, interpreted even when this module is compiled.
+    values = (len(plan.requests), num_decode + prefill_tokens, num_decode, decode_ctx + num_decode, prefill_tokens,
+              pairs, swap)
+    return cast(StepShape, _TUPLE_NEW(StepShape, values))
+
+
+_TUPLE_NEW = tuple.__new__
