@@ -194,11 +194,13 @@ class CostModel:
         t = start_s
         ctx = float(ctx_sum_start)  # whole numbers: exact in a double, as float(int) of each step's sum
         step_ctx = float(batch)
-        for _ in range(num_steps):
+        remaining = num_steps  # counted down, not a range: compiled, a range loop boxes its index
+        while remaining > 0:
             dev = base + k * ctx + attn
             t += ((dev if dev > host else host) if overlap else dev + host) * factor  # the clock's one addition
             ends.append(t)
             ctx += step_ctx
+            remaining -= 1
         return ends
 
     def decode_total_time(self, batch: int, ctx_sum_start: int, num_steps: int) -> float:

@@ -71,6 +71,45 @@ class Clock:
 
 _NORMAL: Final = NORMAL
 _URGENT: Final = URGENT
+_COMPILED: Final = not __file__.endswith(".py")
+"""This module runs as the compiled build (``fleetsim build-native``), not as its source."""
+
+
+def _bisect_right(ends: list[float], x: float) -> int:
+    """``bisect.bisect_right`` on a decode run's step ends: compiled, the native ``search_right`` (calling
+    the C function from compiled code is a generic call with a boxed float, several times the search)."""
+    return search_right(ends, x) if _COMPILED else bisect.bisect_right(ends, x)
+
+
+def _bisect_left(ends: list[float], x: float) -> int:
+    """``bisect.bisect_left`` on a decode run's step ends (see ``_bisect_right``)."""
+    return search_left(ends, x) if _COMPILED else bisect.bisect_left(ends, x)
+
+
+def search_right(values: list[float], x: float) -> int:
+    """The index after the last element <= ``x`` of ascending ``values`` (``bisect.bisect_right``)."""
+    lo = 0
+    hi = len(values)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if x < values[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def search_left(values: list[float], x: float) -> int:
+    """The index of the first element >= ``x`` of ascending ``values`` (``bisect.bisect_left``)."""
+    lo = 0
+    hi = len(values)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if values[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def run_until(env: simpy.Environment, until: float | None = None) -> None:
@@ -325,7 +364,7 @@ class _ActiveRun:
         SimPy's queue with no callbacks: it pops as a no-op)."""
         self.cut = True
         run = self.run
-        last = min(bisect.bisect_right(self.ends, now) + 1, run.num_steps)
+        last = min(_bisect_right(self.ends, now) + 1, run.num_steps)
         last = max(last, run.num_done)
         if last == run.num_steps:
             return  # the arrival came during the run's last step: the end is already right
@@ -342,7 +381,7 @@ class _ActiveRun:
         run = self.run
         if run.num_done >= run.num_steps:
             return
-        started = 1 + bisect.bisect_right(self.ends, now)  # step 1 starts at the run's start
+        started = 1 + _bisect_right(self.ends, now)  # step 1 starts at the run's start
         target = run.num_steps if started > run.num_steps else started
         self._sample_until(target - 1)
         run.advance_to(target)
@@ -364,7 +403,7 @@ class _ActiveRun:
         series = self.replica.series
         ends = self.ends
         while True:
-            j = bisect.bisect_left(ends, series.next_sample_s)
+            j = _bisect_left(ends, series.next_sample_s)
             if j <= self.num_sampled:
                 j = self.num_sampled + 1
             if j > last:

@@ -1,8 +1,10 @@
 """``replica.run_until`` is ``env.run(until)``: the same events in the same order, the same clock at the end,
-with ordinary SimPy processes mixed in among the replicas' callback events."""
+with ordinary SimPy processes mixed in among the replicas' callback events; and the replica's native
+searches are ``bisect``'s."""
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Generator
 from typing import Any
@@ -10,6 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 import simpy
+from hypothesis import given
+from hypothesis import strategies as st
 from simpy.events import URGENT
 
 from simulator.arrivals import ArrivalFeed
@@ -18,7 +22,7 @@ from simulator.core.request import RequestSpec
 from simulator.cost_model import CostModel
 from simulator.metrics import ReplicaSeries, RequestLog
 from simulator.profile import load_profile
-from simulator.replica import Replica, run_until
+from simulator.replica import Replica, run_until, search_left, search_right
 
 PROFILE = "h200-llama-3-8b-tp1-analytic"
 
@@ -86,3 +90,13 @@ def test_run_until_refuses_a_stop_time_not_ahead_of_the_clock() -> None:
         run_until(env, 2.0)
     with pytest.raises(ValueError, match="greater than the current simulation time"):
         run_until(env, 1.0)
+
+
+@given(st.lists(st.floats(min_value=-1e6, max_value=1e6, allow_nan=False), max_size=40),
+       st.floats(min_value=-2e6, max_value=2e6, allow_nan=False))
+def test_the_native_searches_are_bisect(values: list[float], x: float) -> None:
+    values.sort()
+    candidates = [x, *values[:3], *values[-2:]]  # on and off the elements, ties included
+    for probe in candidates:
+        assert search_right(values, probe) == bisect.bisect_right(values, probe)
+        assert search_left(values, probe) == bisect.bisect_left(values, probe)
