@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from simulator.core.request import RequestSpec
+from simulator.core.request import RequestSpec, specs_from_columns
 from simulator.errors import ConfigError
 from simulator.traces import MOONCAKE_BLOCK_TOKENS, TraceFormat, TraceRows, load_trace, resolve_trace_path
 
@@ -648,8 +648,9 @@ class Workload:
         """RequestSpecs in arrival order; ``block_hashes=False`` leaves their hashes empty, for a fleet
         in which nothing reads them (no replica caches prefixes): deriving them is most of the cost of
         building a spec."""
-        for start in range(0, len(self), _ITER_CHUNK):
-            yield from self._chunk(start, min(start + _ITER_CHUNK, len(self)), block_hashes=block_hashes)
+        chunks = (self._chunk(start, min(start + _ITER_CHUNK, len(self)), block_hashes=block_hashes)
+                  for start in range(0, len(self), _ITER_CHUNK))
+        return itertools.chain.from_iterable(chunks)  # the next spec is a C-level step, not a generator's
 
     def specs(self) -> list[RequestSpec]:
         """Every request as a RequestSpec (convenient for small workloads and tests)."""
@@ -682,24 +683,15 @@ class Workload:
         bounds = offsets.tolist()
         return [tuple(hashes[a:b]) for a, b in itertools.pairwise(bounds)]
 
-    def _chunk(self, start: int, stop: int, *, block_hashes: bool = True) -> Iterator[RequestSpec]:
-        columns = zip(
+    def _chunk(self, start: int, stop: int, *, block_hashes: bool = True) -> list[RequestSpec]:
+        return specs_from_columns(
+            start,
             self.arrival_s[start:stop].tolist(),
             self.prompt_tokens[start:stop].tolist(),
             self.output_tokens[start:stop].tolist(),
             self.session_id[start:stop].tolist(),
             self._hashes(start, stop) if block_hashes else [()] * (stop - start),
-            strict=True,
         )
-        for offset, (arrival, prompt, output, session, hashes) in enumerate(columns):
-            yield RequestSpec(
-                request_id=start + offset,
-                arrival_s=arrival,
-                prompt_tokens=prompt,
-                output_tokens=output,
-                block_hashes=hashes,
-                session_id=session if session >= 0 else None,
-            )
 
 
 def _frozen(values: np.ndarray, dtype: type[np.generic]) -> np.ndarray:

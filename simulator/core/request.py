@@ -15,9 +15,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class RequestSpec:
-    """One request as a workload produces it; what the router and the core receive."""
+    """One request as a workload produces it; what the router and the core receive. Read-only by
+    contract: nothing changes a spec once built (``dataclasses.replace`` makes a new one). Not a frozen
+    dataclass because a frozen one's generated ``__init__`` sets each field through ``object.__setattr__``
+    in interpreted Python even in the compiled build: a workload builds one per request."""
 
     request_id: int
     """Unique id within a run; the order of arrival breaks ties."""
@@ -35,6 +38,16 @@ class RequestSpec:
     """Conversation the request belongs to, if any (session-affinity routing uses it)."""
     priority: int = 0
     """Lower is more urgent, as in vLLM's priority scheduling."""
+
+    def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
+                 block_hashes: tuple[int, ...] = (), session_id: int | None = None, priority: int = 0) -> None:
+        self.request_id = request_id
+        self.arrival_s = arrival_s
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.block_hashes = block_hashes
+        self.session_id = session_id
+        self.priority = priority
 
 
 class RequestStatus(StrEnum):
@@ -112,3 +125,18 @@ class Request:
             f"Request(id={self.request_id}, {self.status}, prompt={self.num_prompt_tokens}, "
             f"out={self.num_output_tokens}/{self.max_output_tokens}, computed={self.num_computed_tokens})"
         )
+
+
+def specs_from_columns(first_id: int, arrival_s: list[float], prompt_tokens: list[int], output_tokens: list[int],
+                       session_id: list[int], block_hashes: list[tuple[int, ...]]) -> list[RequestSpec]:
+    """The specs of consecutive requests ``first_id``, ``first_id + 1``, ... from a workload's columns (a
+    negative session id is none). One compiled loop: a workload builds a spec per request."""
+    n = len(arrival_s)
+    if not len(prompt_tokens) == len(output_tokens) == len(session_id) == len(block_hashes) == n:
+        raise ValueError("spec columns must have equal lengths")
+    specs: list[RequestSpec] = []
+    for i in range(n):
+        session = session_id[i]
+        specs.append(RequestSpec(first_id + i, arrival_s[i], prompt_tokens[i], output_tokens[i], block_hashes[i],
+                                 session if session >= 0 else None))
+    return specs
