@@ -53,7 +53,7 @@ class Clock:
 
     def __init__(self, env: simpy.Environment) -> None:
         self.env = env
-        self._queue: list[tuple[float, int, int, Any]] = env._queue  # type: ignore[assignment]  # simpy.Events
+        self._queue: list[tuple[Any, ...]] = env._queue  # (time, priority, id, event): see heap_push
         self._eid = env._eid
 
     def now(self) -> float:
@@ -65,14 +65,91 @@ class Clock:
         does with priority NORMAL — the order a ``Timeout`` gets — without the ``now + delay`` rounding,
         so a decode run ends exactly at its last step's accumulated end time."""
         event = _Wake(callback)
-        heappush(self._queue, (at_s, _NORMAL, next(self._eid), event))
+        entry = (at_s, _NORMAL, next(self._eid), event)
+        if _COMPILED:
+            heap_push(self._queue, entry)
+        else:
+            heappush(self._queue, entry)
         return event
 
 
-_NORMAL: Final = NORMAL
-_URGENT: Final = URGENT
+_NORMAL: Final = 1
+_URGENT: Final = 0
+if (_NORMAL, _URGENT) != (NORMAL, URGENT):  # literals, so the compiled build inlines them
+    raise ImportError(f"simpy's event priorities changed: NORMAL={NORMAL}, URGENT={URGENT}")
 _COMPILED: Final = not __file__.endswith(".py")
 """This module runs as the compiled build (``fleetsim build-native``), not as its source."""
+
+
+def _earlier(at: float, priority: int, eid: int, other: tuple[Any, ...]) -> bool:
+    """(at, priority, eid) sorts before ``other``'s key: SimPy's queue order (ids are unique)."""
+    other_at: float = other[0]
+    if at != other_at:
+        return at < other_at
+    other_priority: int = other[1]
+    if priority != other_priority:
+        return priority < other_priority
+    other_eid: int = other[2]
+    return eid < other_eid
+
+
+# The heap's entries are typed as plain tuples of objects: typed as (float, int, int, Any), the compiled
+# build would hold them unboxed and allocate a new tuple each time one is stored back into the list.
+
+
+def heap_push(queue: list[tuple[Any, ...]], entry: tuple[Any, ...]) -> None:
+    """``heapq.heappush`` on SimPy's queue, as a native loop comparing the keys' numbers directly
+    (heapq compares the entries as tuples, through generic comparisons, several per push)."""
+    at: float = entry[0]
+    priority: int = entry[1]
+    eid: int = entry[2]
+    queue.append(entry)
+    pos = len(queue) - 1
+    while pos > 0:
+        parent_pos = (pos - 1) >> 1
+        parent = queue[parent_pos]
+        if not _earlier(at, priority, eid, parent):
+            break
+        queue[pos] = parent
+        pos = parent_pos
+    queue[pos] = entry
+
+
+def heap_pop(queue: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """``heapq.heappop`` on SimPy's queue, native (see ``heap_push``): the same sift as heapq's, so the
+    queue stays a valid heap for SimPy's own ``heappop``."""
+    last = queue.pop()
+    size = len(queue)
+    if size == 0:
+        return last
+    top = queue[0]
+    # heapq's _siftup: move the smaller child up until a leaf, then sift ``last`` down from there.
+    pos = 0
+    child = 1
+    while child < size:
+        right = child + 1
+        if right < size:
+            c = queue[child]
+            c_at: float = c[0]
+            c_priority: int = c[1]
+            c_eid: int = c[2]
+            if not _earlier(c_at, c_priority, c_eid, queue[right]):
+                child = right
+        queue[pos] = queue[child]
+        pos = child
+        child = 2 * pos + 1
+    at: float = last[0]
+    priority: int = last[1]
+    eid: int = last[2]
+    while pos > 0:
+        parent_pos = (pos - 1) >> 1
+        parent = queue[parent_pos]
+        if not _earlier(at, priority, eid, parent):
+            break
+        queue[pos] = parent
+        pos = parent_pos
+    queue[pos] = last
+    return top
 
 
 def _bisect_right(ends: list[float], x: float) -> int:
@@ -112,6 +189,13 @@ def search_left(values: list[float], x: float) -> int:
     return lo
 
 
+def _after_until(head: tuple[Any, ...], stop_eid: int) -> bool:
+    """An entry due exactly at the stop time runs after SimPy's (urgent) until-event."""
+    priority: int = head[1]
+    eid: int = head[2]
+    return priority > _URGENT or eid > stop_eid
+
+
 def run_until(env: simpy.Environment, until: float | None = None) -> None:
     """``env.run(until)``, with the replicas' and the arrival feed's events (``_Wake``) dispatched here.
 
@@ -122,7 +206,7 @@ def run_until(env: simpy.Environment, until: float | None = None) -> None:
     ``until`` stops the clock where SimPy's urgent until-event would: before the events due at ``until``
     that are not urgent and older than the call, and leaves ``env.now`` at ``until``.
     """
-    queue: list[tuple[float, int, int, Any]] = env._queue  # type: ignore[assignment]  # simpy.Events
+    queue: list[tuple[Any, ...]] = env._queue  # (time, priority, id, event): see heap_push
     bounded = until is not None
     stop_at = 0.0
     stop_eid = 0
@@ -134,11 +218,16 @@ def run_until(env: simpy.Environment, until: float | None = None) -> None:
         stop_eid = next(env._eid)  # the id that event would take
     step = env.step
     while queue:
-        at, priority, eid, event = queue[0]
-        if bounded and (at > stop_at or (at == stop_at and (priority > _URGENT or eid > stop_eid))):
+        head = queue[0]
+        at: float = head[0]
+        event = head[3]
+        if bounded and (at > stop_at or (at == stop_at and _after_until(head, stop_eid))):
             break
         if type(event) is _Wake:
-            heappop(queue)
+            if _COMPILED:
+                heap_pop(queue)
+            else:
+                heappop(queue)
             env._now = at
             callbacks = event.callbacks
             event.callbacks = None

@@ -1,10 +1,11 @@
 """``replica.run_until`` is ``env.run(until)``: the same events in the same order, the same clock at the end,
 with ordinary SimPy processes mixed in among the replicas' callback events; and the replica's native
-searches are ``bisect``'s."""
+searches and heap are ``bisect``'s and ``heapq``'s."""
 
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections.abc import Callable, Generator
 from typing import Any
@@ -22,7 +23,7 @@ from simulator.core.request import RequestSpec
 from simulator.cost_model import CostModel
 from simulator.metrics import ReplicaSeries, RequestLog
 from simulator.profile import load_profile
-from simulator.replica import Replica, run_until, search_left, search_right
+from simulator.replica import Replica, heap_pop, heap_push, run_until, search_left, search_right
 
 PROFILE = "h200-llama-3-8b-tp1-analytic"
 
@@ -100,3 +101,22 @@ def test_the_native_searches_are_bisect(values: list[float], x: float) -> None:
     for probe in candidates:
         assert search_right(values, probe) == bisect.bisect_right(values, probe)
         assert search_left(values, probe) == bisect.bisect_left(values, probe)
+
+
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0]), st.sampled_from([0, 1]),
+                          st.booleans()), max_size=60))
+def test_the_native_heap_is_heapq(ops: list[tuple[float, int, bool]]) -> None:
+    """Pushes and pops (ties in time and priority included) leave the very list heapq would, item for item."""
+    ours: list[tuple[float, int, int, Any]] = []
+    theirs: list[tuple[float, int, int, Any]] = []
+    for eid, (at, priority, pop) in enumerate(ops):
+        if pop and theirs:
+            assert heap_pop(ours) == heapq.heappop(theirs)
+        else:
+            entry = (at, priority, eid, object())
+            heap_push(ours, entry)
+            heapq.heappush(theirs, entry)
+        assert ours == theirs
+    while theirs:
+        assert heap_pop(ours) == heapq.heappop(theirs)
+    assert ours == []
