@@ -191,7 +191,7 @@ class KVManager:
         self._num_cached.pop(request.request_id, None)
         if not blocks:
             return []
-        self.pool.free_blocks(reversed(blocks))
+        self.pool.free_blocks(blocks[::-1])  # a list: freed in one C-level extend
         return blocks
 
     def block_ids(self, request_id: int) -> list[int]:
