@@ -1,8 +1,8 @@
 """An optional compiled build of the simulator's hot path: the same source files, compiled with mypyc.
 
 ``fleetsim build-native`` compiles the serving core (``simulator.core``), the cost model, the run recorders,
-the arrival feed and the replica loop to C extensions with mypyc — the very files the pure-Python package
-runs, unchanged, so the policy code still exists once. A simulated request then costs about half the
+the arrival feed, the load list and the replica loop to C extensions with mypyc — the very files the
+pure-Python package runs, unchanged, so the policy code still exists once. A simulated request then costs about half the
 instructions (see ``benchmarks/sim_speed.py``). Nothing else changes: results are identical (a test builds
 it and compares).
 
@@ -44,6 +44,7 @@ MODULES = (
     "simulator.series",
     "simulator.replica",
     "simulator.arrivals",
+    "simulator.loads",
 )
 """The modules compiled, all of them on the per-step path."""
 

@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.core.request import RequestSpec
+from simulator.loads import least_loaded_index
 
 RouterPolicy = Literal[
     "round_robin", "random", "least_requests", "least_kv", "power_of_two", "session_affinity", "prefix_aware"
@@ -116,8 +117,7 @@ class LiveViews(tuple[ReplicaView, ...]):
 def _least_loaded(views: Sequence[ReplicaView]) -> int:
     """Index of the replica with the fewest requests, ties by lowest replica id."""
     if isinstance(views, LiveViews):
-        loads = views.loads
-        return loads.index(min(loads))  # the first minimum: the lowest id
+        return least_loaded_index(views.loads)  # the first minimum: the lowest id
     n = _check_nonempty(views)
     # (load, id, index) read and compared in C: this scan runs once per request over every replica.
     return min(zip(map(_LOAD, views), map(_REPLICA_ID, views), range(n), strict=True))[2]

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from simulator.core.request import RequestSpec
+from simulator.loads import first_min_index, least_loaded_index
 from simulator.router import (
     ROUTERS,
     HashRing,
@@ -368,3 +369,15 @@ def test_prefix_aware_without_hashes_is_least_loaded_ties_by_load_then_id() -> N
     # Zero load weight: equal scores fall back to lower load.
     router = PrefixAwareRouter(prefix_weight=1.0, load_weight=0.0)
     assert router.choose(spec(blocks=(1,)), fleet(5, 2, 9), 0.0) == 1
+
+
+@given(st.lists(st.integers(min_value=0, max_value=1000), min_size=1, max_size=70))
+def test_the_load_list_pick_is_the_first_minimum(loads: list[int]) -> None:
+    expected = loads.index(min(loads))
+    assert first_min_index(loads) == expected  # the native loop, whichever build runs
+    assert least_loaded_index(loads) == expected
+
+
+def test_the_load_list_pick_needs_a_replica() -> None:
+    with pytest.raises(ValueError, match="no replicas"):
+        least_loaded_index([])

@@ -1,0 +1,35 @@
+"""The fleet's load list, as the least-loaded routing policies read it: ``loads[i]`` is replica i's request
+count, kept equal to it by the replica (``Replica.loads``), and the pick is the first minimum.
+
+On the per-request path (every least-loaded choice scans every replica), so ``fleetsim build-native``
+compiles it: one native loop over the list instead of ``min`` and ``index`` comparing Python ints.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+_COMPILED: Final = not __file__.endswith(".py")
+"""This module runs as the compiled build, not as its source."""
+
+
+def least_loaded_index(loads: list[int]) -> int:
+    """Index of the first smallest load (ties to the lowest replica id); ``loads`` must not be empty."""
+    if not loads:
+        raise ValueError("no replicas to route to")
+    if _COMPILED:
+        return first_min_index(loads)
+    return loads.index(min(loads))  # interpreted, two C-level scans beat a Python loop
+
+
+def first_min_index(values: list[int]) -> int:
+    """Index of the first smallest of ``values`` (not empty), in one loop."""
+    best = 0
+    lowest = values[0]
+    for i in range(1, len(values)):
+        value = values[i]
+        if value < lowest:
+            lowest = value
+            best = i
+    return best
