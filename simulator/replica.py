@@ -196,7 +196,7 @@ def _after_until(head: tuple[Any, ...], stop_eid: int) -> bool:
     return priority > _URGENT or eid > stop_eid
 
 
-def run_until(env: simpy.Environment, until: float | None = None) -> None:
+def run_until(env: simpy.Environment, until: float | None = None) -> int:
     """``env.run(until)``, with the replicas' and the arrival feed's events (``_Wake``) dispatched here.
 
     Exactly SimPy's loop: pop the earliest (time, priority, id) entry, set the clock, call the event's
@@ -204,7 +204,8 @@ def run_until(env: simpy.Environment, until: float | None = None) -> None:
     loop, and ``Environment.step`` is interpreted Python); any other event (a process, a timeout someone
     scheduled) goes through ``env.step()`` itself, so a fleet can mix in ordinary SimPy processes.
     ``until`` stops the clock where SimPy's urgent until-event would: before the events due at ``until``
-    that are not urgent and older than the call, and leaves ``env.now`` at ``until``.
+    that are not urgent and older than the call, and leaves ``env.now`` at ``until``. Returns the number
+    of events processed (what ``Environment.step`` would have been called for).
     """
     queue: list[tuple[Any, ...]] = env._queue  # (time, priority, id, event): see heap_push
     bounded = until is not None
@@ -217,12 +218,14 @@ def run_until(env: simpy.Environment, until: float | None = None) -> None:
         stop_at = now + (until - now)  # as SimPy schedules its until-event: now plus a delay
         stop_eid = next(env._eid)  # the id that event would take
     step = env.step
+    processed = 0
     while queue:
         head = queue[0]
         at: float = head[0]
         event = head[3]
         if bounded and (at > stop_at or (at == stop_at and _after_until(head, stop_eid))):
             break
+        processed += 1
         if type(event) is _Wake:
             if _COMPILED:
                 heap_pop(queue)
@@ -238,6 +241,7 @@ def run_until(env: simpy.Environment, until: float | None = None) -> None:
             step()
     if bounded:
         env._now = stop_at
+    return processed
 
 
 class Replica:

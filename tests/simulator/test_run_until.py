@@ -68,9 +68,20 @@ def _fleet(fast_path: bool, seed: int) -> tuple[simpy.Environment, RequestLog, l
 @pytest.mark.parametrize("until", [None, 1.0, 2.22])
 def test_run_until_matches_simpy_run(fast_path: bool, until: float | None) -> None:
     expected_env, expected_log, expected_visits = _fleet(fast_path, seed=7)
+    steps = 0
+    simpy_step = expected_env.step
+
+    def counted_step() -> None:
+        nonlocal steps
+        steps += 1
+        simpy_step()
+
+    expected_env.step = counted_step  # type: ignore[method-assign]
     expected_env.run(until=until)
     env, log, visits = _fleet(fast_path, seed=7)
-    run_until(env, until)
+    processed = run_until(env, until)
+    # SimPy's last step is its own until-event, or (no until) the call that finds the queue empty.
+    assert processed == steps - 1
     assert env.now == expected_env.now
     assert visits == expected_visits
     a, b = log.columns(), expected_log.columns()
