@@ -25,6 +25,7 @@ replica/fleet modules (they import us).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -513,15 +514,17 @@ class RunResult:
 
 def _write_table(frame: pd.DataFrame, stem: Path) -> Path:
     """Parquet when pyarrow is installed (typed, compact), CSV otherwise."""
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
+    if not _has_pyarrow():
         path = stem.with_suffix(".csv")
         frame.to_csv(path, index=False)
         return path
     path = stem.with_suffix(".parquet")
     frame.to_parquet(path, index=False)
     return path
+
+
+def _has_pyarrow() -> bool:
+    return importlib.util.find_spec("pyarrow") is not None
 
 
 def _json_safe(value: Any) -> Any:

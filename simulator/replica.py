@@ -100,11 +100,15 @@ def _earlier(at: float, priority: int, eid: int, other: tuple[Any, ...]) -> bool
 def heap_push(queue: list[tuple[Any, ...]], entry: tuple[Any, ...]) -> None:
     """``heapq.heappush`` on SimPy's queue, as a native loop comparing the keys' numbers directly
     (heapq compares the entries as tuples, through generic comparisons, several per push)."""
+    queue.append(entry)
+    _sift_toward_root(queue, len(queue) - 1, entry)
+
+
+def _sift_toward_root(queue: list[tuple[Any, ...]], pos: int, entry: tuple[Any, ...]) -> None:
+    """Put ``entry`` at ``pos`` or above, moving the later parents down (heapq's ``_siftdown``)."""
     at: float = entry[0]
     priority: int = entry[1]
     eid: int = entry[2]
-    queue.append(entry)
-    pos = len(queue) - 1
     while pos > 0:
         parent_pos = (pos - 1) >> 1
         parent = queue[parent_pos]
@@ -138,17 +142,7 @@ def heap_pop(queue: list[tuple[Any, ...]]) -> tuple[Any, ...]:
         queue[pos] = queue[child]
         pos = child
         child = 2 * pos + 1
-    at: float = last[0]
-    priority: int = last[1]
-    eid: int = last[2]
-    while pos > 0:
-        parent_pos = (pos - 1) >> 1
-        parent = queue[parent_pos]
-        if not _earlier(at, priority, eid, parent):
-            break
-        queue[pos] = parent
-        pos = parent_pos
-    queue[pos] = last
+    _sift_toward_root(queue, pos, last)
     return top
 
 
@@ -189,13 +183,6 @@ def search_left(values: list[float], x: float) -> int:
     return lo
 
 
-def _after_until(head: tuple[Any, ...], stop_eid: int) -> bool:
-    """An entry due exactly at the stop time runs after SimPy's (urgent) until-event."""
-    priority: int = head[1]
-    eid: int = head[2]
-    return priority > _URGENT or eid > stop_eid
-
-
 def run_until(env: simpy.Environment, until: float | None = None) -> int:
     """``env.run(until)``, with the replicas' and the arrival feed's events (``_Wake``) dispatched here.
 
@@ -209,21 +196,20 @@ def run_until(env: simpy.Environment, until: float | None = None) -> int:
     """
     queue: list[tuple[Any, ...]] = env._queue  # (time, priority, id, event): see heap_push
     bounded = until is not None
-    stop_at = 0.0
-    stop_eid = 0
+    stop: tuple[Any, ...] = ()
     if until is not None:
         now = env._now
         if not until > now:
             raise ValueError(f"until (={until}) must be greater than the current simulation time ({now})")
-        stop_at = now + (until - now)  # as SimPy schedules its until-event: now plus a delay
-        stop_eid = next(env._eid)  # the id that event would take
+        # The key SimPy's until-event would have: now plus a delay, urgent, the next id.
+        stop = (now + (until - now), _URGENT, next(env._eid))
     step = env.step
     processed = 0
     while queue:
         head = queue[0]
         at: float = head[0]
         event = head[3]
-        if bounded and (at > stop_at or (at == stop_at and _after_until(head, stop_eid))):
+        if bounded and not _earlier(at, head[1], head[2], stop):
             break
         processed += 1
         if type(event) is _Wake:
@@ -240,7 +226,7 @@ def run_until(env: simpy.Environment, until: float | None = None) -> int:
         else:
             step()
     if bounded:
-        env._now = stop_at
+        env._now = stop[0]
     return processed
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -92,21 +92,21 @@ class RequestLog:
             fill = -1 if name in ("replica", "session_id") else 0
             setattr(self, name, np.full(capacity, fill, dtype=dtype))
         self.rejected = np.zeros(capacity, dtype=bool)
-        # The hot-path hooks write through memoryviews of the columns: an item write through the buffer
-        # protocol costs a fraction of numpy's indexing machinery, and lands in the same memory.
-        # (cast through bytes to the column's item format, which types the view's items)
-        self._arrival = self.arrival_s.data.cast("B").cast("d")
-        self._first_scheduled = self.first_scheduled_s.data.cast("B").cast("d")
-        self._first_token = self.first_token_s.data.cast("B").cast("d")
-        self._finish = self.finish_s.data.cast("B").cast("d")
-        self._rejected_s = self.rejected_s.data.cast("B").cast("d")
-        self._replica = self.replica.data.cast("B").cast("i")
-        self._prompt = self.prompt_tokens.data.cast("B").cast("q")
-        self._output = self.output_tokens.data.cast("B").cast("q")
-        self._cached = self.cached_tokens.data.cast("B").cast("q")
-        self._preemptions = self.preemptions.data.cast("B").cast("i")
-        self._session = self.session_id.data.cast("B").cast("q")
-        self._rejected = self.rejected.data.cast("B").cast("?")
+        # The hot-path hooks write through memoryviews of the columns (``ndarray.data``, in the column's own
+        # item format): an item write through the buffer protocol costs a fraction of numpy's indexing
+        # machinery, and lands in the same memory. The casts only type the views' items.
+        self._arrival = cast("memoryview[float]", self.arrival_s.data)
+        self._first_scheduled = cast("memoryview[float]", self.first_scheduled_s.data)
+        self._first_token = cast("memoryview[float]", self.first_token_s.data)
+        self._finish = cast("memoryview[float]", self.finish_s.data)
+        self._rejected_s = cast("memoryview[float]", self.rejected_s.data)
+        self._replica = self.replica.data
+        self._prompt = self.prompt_tokens.data
+        self._output = self.output_tokens.data
+        self._cached = self.cached_tokens.data
+        self._preemptions = self.preemptions.data
+        self._session = self.session_id.data
+        self._rejected = cast("memoryview[bool]", self.rejected.data)
 
     def _grow(self, min_capacity: int) -> None:
         old = {name: getattr(self, name) for name in REQUEST_COLUMNS}
@@ -123,7 +123,7 @@ class RequestLog:
         """Pickle as its trimmed columns (the compiled build's native class has no instance dict)."""
         return (RequestLog.from_columns, ({name: column.copy() for name, column in self.columns().items()},))
 
-    # Hot-path hooks: plain scalars in, one or two numpy item writes each.
+    # Hot-path hooks: plain scalars in, one or two item writes each (through the memoryviews).
 
     def on_arrival(self, rid: int, t: float, prompt: int, output: int, session: int | None) -> None:
         """Request ``rid`` arrived at the fleet at ``t`` asking for ``output`` tokens after ``prompt``."""
