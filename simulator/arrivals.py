@@ -51,8 +51,10 @@ class ArrivalFeed:
         self.num_arrived = 0
         self._specs: Iterator[RequestSpec] = iter(specs)
         self._next: RequestSpec | None = next(self._specs, None)
+        self._callbacks: list[Callable[[object], None]] = [self._on_arrival]
+        """Every arrival event's callbacks (built once: see ``replica._Wake``)."""
         if self._next is not None:
-            self.clock.at(max(self._next.arrival_s, env.now), self._on_arrival)
+            self.clock.at(max(self._next.arrival_s, env.now), self._callbacks)
 
     def _on_arrival(self, event: object) -> None:
         """Dispatch every request due now, then schedule the next arrival."""
@@ -74,4 +76,4 @@ class ArrivalFeed:
             spec = next(self._specs, None)
         self._next = spec
         if spec is not None:
-            self.clock.at(spec.arrival_s, self._on_arrival)
+            self.clock.at(spec.arrival_s, self._callbacks)

@@ -35,14 +35,40 @@ Callback = Callable[[Any], None]
 class _Wake:
     """An event on SimPy's queue that calls back one replica method. SimPy's ``Environment.step`` reads
     an event's ``callbacks`` (then sets them to None) and ``_ok``, and calls each callback with the event;
-    this is all a ``simpy.Event`` needs to be for that. A cut decode run empties the callbacks of its
-    superseded event, which then pops as a no-op."""
+    this is all a ``simpy.Event`` needs to be for that. A cut decode run replaces the callbacks of its
+    superseded event with an empty list, and the event then pops as a no-op.
+
+    ``callbacks`` is a list its owner built once and hands to every event of one kind (SimPy and
+    ``run_until`` only ever replace an event's list, never change one): no bound method and no list is
+    made per event."""
 
     __slots__ = ("_ok", "callbacks")
 
-    def __init__(self, callback: Callback) -> None:
-        self.callbacks: list[Callback] | None = [callback]
+    def __init__(self, callbacks: list[Callback]) -> None:
+        self.callbacks: list[Callback] | None = callbacks
         self._ok = True
+
+
+class EventIds:
+    """SimPy's event-id counter (``Environment._eid``, an ``itertools.count``) as a native iterator: the
+    replicas take an id per event through ``take``, a direct call in the compiled build (``next`` on the
+    ``itertools.count`` is a generic call there), and SimPy's own ``next(env._eid)`` still works."""
+
+    __slots__ = ("next_id",)
+
+    def __init__(self, start: int) -> None:
+        self.next_id = start
+
+    def __iter__(self) -> EventIds:
+        return self
+
+    def __next__(self) -> Any:  # an object, not an int: mypyc's tp_iternext slot returns an object
+        return self.take()
+
+    def take(self) -> int:
+        eid = self.next_id
+        self.next_id = eid + 1
+        return eid
 
 
 class Clock:
@@ -54,18 +80,26 @@ class Clock:
     def __init__(self, env: simpy.Environment) -> None:
         self.env = env
         self._queue: list[tuple[Any, ...]] = env._queue  # (time, priority, id, event): see heap_push
-        self._eid = env._eid
+        current: Any = env._eid
+        if isinstance(current, EventIds):
+            eids = current
+        else:
+            # Continue SimPy's count from its next id: every event keeps a unique, increasing id.
+            eids = EventIds(next(current))
+            env._eid = eids  # type: ignore[assignment]  # an iterator of ints, as SimPy needs
+        self._eid = eids
 
     def now(self) -> float:
         """``env.now`` without the property call."""
         return self.env._now
 
-    def at(self, at_s: float, callback: Callback) -> _Wake:
-        """Schedule ``callback`` at the absolute time ``at_s`` (>= now): what ``Environment.schedule``
-        does with priority NORMAL — the order a ``Timeout`` gets — without the ``now + delay`` rounding,
-        so a decode run ends exactly at its last step's accumulated end time."""
-        event = _Wake(callback)
-        entry = (at_s, _NORMAL, next(self._eid), event)
+    def at(self, at_s: float, callbacks: list[Callback]) -> _Wake:
+        """Schedule ``callbacks`` (a list built once per kind of event, see ``_Wake``) at the absolute
+        time ``at_s`` (>= now): what ``Environment.schedule`` does with priority NORMAL — the order a
+        ``Timeout`` gets — without the ``now + delay`` rounding, so a decode run ends exactly at its last
+        step's accumulated end time."""
+        event = _Wake(callbacks)
+        entry = (at_s, _NORMAL, self._eid.take(), event)
         if _COMPILED:
             heap_push(self._queue, entry)
         else:
@@ -274,6 +308,10 @@ class Replica:
         self._step_s = 0.0
         self._run_state: _ActiveRun | None = None
         """The decode run in flight on the fast path."""
+        # Each kind of event's callbacks, built once (see ``_Wake``).
+        self._wake_callbacks: list[Callback] = [self._on_wake]
+        self._step_end_callbacks: list[Callback] = [self._on_step_end]
+        self._run_end_callbacks: list[Callback] = [self._on_run_end]
 
     # ----- ReplicaView ---------------------------------------------------------------------------
 
@@ -320,7 +358,7 @@ class Replica:
             # Wake up after the events already due now (a process woken by an event does the same), so
             # that every request arriving at this instant is there for the first step.
             self._idle = False
-            self.clock.at(self.clock.now(), self._on_wake)
+            self.clock.at(self.clock.now(), self._wake_callbacks)
             return
         active = self._run_state
         if active is not None and active.cut_on_arrival and not active.cut:
@@ -353,7 +391,7 @@ class Replica:
                 active = _ActiveRun(self, run, ends, start, self._cut_possible and run.batch < self._max_num_seqs)
                 self._run_state = active
                 active.advance(start)  # the first step is scheduled now
-                active.event = self.clock.at(ends[-1], self._on_run_end)
+                active.event = self.clock.at(ends[-1], self._run_end_callbacks)
                 return
         plan = scheduler.schedule()
         if self.on_plan is not None:
@@ -370,7 +408,7 @@ class Replica:
         step_s = self.cost_model.step_time(plan.shape)
         self._plan = plan
         self._step_s = step_s
-        self.clock.at(start + step_s, self._on_step_end)
+        self.clock.at(start + step_s, self._step_end_callbacks)
 
     def _on_step_end(self, event: object) -> None:
         """One step of the step-by-step path ended: account it, log its tokens, sample, go on."""
@@ -453,7 +491,7 @@ class _ActiveRun:
             raise RuntimeError("decode run cut after its end event fired")
         old.callbacks = []
         replica = self.replica
-        self.event = replica.clock.at(self.ends[last - 1], replica._on_run_end)
+        self.event = replica.clock.at(self.ends[last - 1], replica._run_end_callbacks)
 
     def advance(self, now: float) -> None:
         """Apply every step of the run that has started by ``now``; sample the ones that have ended."""
