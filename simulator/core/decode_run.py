@@ -48,7 +48,6 @@ class DecodeRun:
         bs = self.block_size = scheduler.block_size
         kv = scheduler.kv
         caching = kv.enable_caching
-        held = kv.req_blocks
         tables: list[list[int]] = []
         progressions: list[int] = []
         first_cycle = [0] * (2 * n)
@@ -57,7 +56,7 @@ class DecodeRun:
             request = requests[index]
             computed = request.num_computed_tokens
             ctx_sum += computed
-            table = held[request.request_id]  # the KV manager's own list, appended to in place
+            table = request.block_table  # the KV manager's own list, appended to in place
             tables.append(table)
             first = len(table) * bs - computed + 1  # first token of a new block
             if 1 <= first <= num_steps:

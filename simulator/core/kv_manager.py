@@ -57,9 +57,8 @@ class KVManager:
         self.enable_caching = enable_caching
         self.pool = BlockPool(num_blocks, enable_caching=enable_caching)
         self.req_blocks: dict[int, list[int]] = {}
-        """Block table (block ids, in token order) of each request holding KV."""
-        self._num_cached: dict[int, int] = {}
-        """Leading blocks of each request already indexed in the prefix cache."""
+        """Block table (block ids, in token order) of each request holding KV, by request id: the same
+        lists as the requests' own ``block_table`` (which the per-step paths read)."""
         self.num_hit_tokens = 0
         """Prompt tokens served from the prefix cache, over the manager's life."""
         self.num_lookup_tokens = 0
@@ -101,7 +100,7 @@ class KVManager:
         """Fresh blocks ``allocate`` would pop for these arguments."""
         num_tokens = request.num_computed_tokens + num_hit_blocks * self.block_size + num_new_tokens
         required = -(-max(num_tokens, reserve_tokens) // self.block_size)
-        held = len(self.req_blocks.get(request.request_id, ())) + num_hit_blocks
+        held = len(request.block_table) + num_hit_blocks
         return max(0, required - held)
 
     def allocate(
@@ -115,14 +114,13 @@ class KVManager:
         admission), and for at least ``reserve_tokens`` tokens in all (contiguous and reserve policies
         allocate their whole reservation up front). Returns the fresh blocks, or None if they do not fit;
         on None nothing changed."""
-        rid = request.request_id
-        held = self.req_blocks.get(rid)
-        if held is not None and not new_computed_blocks:
+        blocks = request.block_table
+        if blocks and not new_computed_blocks:
             # Fast path (most calls: a decode inside a block it already holds): nothing to pop.
             num_done = request.num_computed_tokens + num_new_tokens
-            if num_done <= len(held) * self.block_size:
-                if self.enable_caching and num_done // self.block_size > self._num_cached.get(rid, 0):
-                    self._cache_full_blocks(request, held, num_new_tokens, 0)
+            if num_done <= len(blocks) * self.block_size:
+                if self.enable_caching and num_done // self.block_size > request.num_indexed_blocks:
+                    self._cache_full_blocks(request, blocks, num_new_tokens, 0)
                 return []
         num_new = self.num_blocks_needed(request, num_new_tokens, len(new_computed_blocks), reserve_tokens)
         # Hit blocks nobody references sit in the free queue: taking them consumes free capacity too.
@@ -133,7 +131,8 @@ class KVManager:
             evictable_hits = 0
         if num_new + evictable_hits > self.pool.num_free:
             return None
-        blocks = self.req_blocks.setdefault(rid, [])
+        if not blocks:
+            self.req_blocks[request.request_id] = blocks  # the request starts holding KV (or may: an empty table)
         if new_computed_blocks:
             self.pool.touch(new_computed_blocks)
             blocks.extend(new_computed_blocks)
@@ -147,14 +146,13 @@ class KVManager:
         """Whether ``allocate(request, 1)`` would return [] having changed nothing: the request's next
         token falls in a block it already holds and, with the prefix cache, completes no block (so there
         is nothing to index). The scheduler skips the call for such decode rows."""
-        held = self.req_blocks.get(request.request_id)
         computed = request.num_computed_tokens
-        return held is not None and computed < len(held) * self.block_size and (
+        return computed < len(request.block_table) * self.block_size and (
             not self.enable_caching or (computed + 1) % self.block_size != 0
         )
 
     def append_blocks(self, tables: Sequence[list[int]]) -> None:
-        """One fresh block at the end of each listed table (``req_blocks[request_id]``, the list itself),
+        """One fresh block at the end of each listed table (a request's ``block_table``, the list itself),
         popped in the order listed (a table listed twice gets two): ``allocate(request, 1)`` for decode
         tokens that start a block, when prefix caching is off. The caller (a decode run) has checked that
         the pool holds them all."""
@@ -171,14 +169,13 @@ class KVManager:
                            num_hit_blocks: int) -> None:
         # Index every block that is full once this step's tokens are computed (optimistic, as vLLM: the
         # step that computes them runs before any later lookup can be served).
-        rid = request.request_id
         num_done = request.num_computed_tokens + num_hit_blocks * self.block_size + num_new_tokens
         num_full = min(min(num_done, request.num_tokens) // self.block_size, len(request.block_hashes))
-        start = self._num_cached.get(rid, 0)
+        start = request.num_indexed_blocks
         if num_full <= start:
             return
         self.pool.cache_blocks(blocks[start:num_full], request.block_hashes[start:num_full])
-        self._num_cached[rid] = num_full
+        request.num_indexed_blocks = num_full
 
     def record_lookup(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
         self.num_lookup_tokens += num_prompt_tokens
@@ -187,8 +184,10 @@ class KVManager:
     def free(self, request: Request) -> list[int]:
         """Release the request's blocks, tail first (its longest prefixes are evicted first); returns
         the block ids it held, in table order."""
-        blocks = self.req_blocks.pop(request.request_id, None)
-        self._num_cached.pop(request.request_id, None)
+        self.req_blocks.pop(request.request_id, None)
+        blocks = request.block_table
+        request.block_table = []  # a new list: the one returned stays as it was
+        request.num_indexed_blocks = 0
         if not blocks:
             return []
         self.pool.free_blocks(blocks[::-1])  # a list: freed in one C-level extend
@@ -206,7 +205,7 @@ class KVManager:
         unused = 0
         tail = 0
         for req in requests:
-            held = len(self.req_blocks.get(req.request_id, ())) * bs
+            held = len(req.block_table) * bs
             stored = min(req.num_computed_tokens, held)
             unused += held - stored
             tail += -stored % bs if stored else 0

@@ -68,9 +68,11 @@ class Request:
     __slots__ = (
         "arrival_s",
         "block_hashes",
+        "block_table",
         "max_output_tokens",
         "num_cached_tokens",
         "num_computed_tokens",
+        "num_indexed_blocks",
         "num_output_tokens",
         "num_preemptions",
         "num_prompt_tokens",
@@ -105,6 +107,11 @@ class Request:
         self.block_hashes: list[int] = list(spec.block_hashes)
         """Hash of each full block, extended by the engine as outputs are produced if it wants."""
         self.status = RequestStatus.WAITING
+        self.block_table: list[int] = []
+        """Block ids holding this request's KV, in token order: the KV manager's table for it, which only
+        the KV manager changes (kept on the request so the per-step paths reach it without a lookup)."""
+        self.num_indexed_blocks = 0
+        """Leading blocks of the table the KV manager has indexed in the prefix cache."""
 
     @property
     def num_tokens(self) -> int:

@@ -239,11 +239,8 @@ class Scheduler:
 
     def _blocks_for_steps(self, steps: int) -> int:
         bs = self.block_size
-        held = self.kv.req_blocks
         # Blocks each request must hold after ``steps`` more tokens, beyond those it holds (never < 0).
-        return sum(
-            [max(0, (r.num_computed_tokens + steps + bs - 1) // bs - len(held[r.request_id])) for r in self.running]
-        )
+        return sum([max(0, (r.num_computed_tokens + steps + bs - 1) // bs - len(r.block_table)) for r in self.running])
 
     def account_steps(self, num_steps: int) -> None:
         """Counters the step-by-step path advances once per step (a DecodeRun advances them in bulk)."""
