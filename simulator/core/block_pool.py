@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 _COMPACT_SLACK = 1024
 """Stale free-queue entries tolerated beyond the live ones before the queue is rebuilt without them."""
@@ -179,6 +180,27 @@ class BlockPool:
             out.append(block_id)
             remaining -= 1
         return out
+
+    def append_new_blocks(self, tables: Sequence[list[int]]) -> None:
+        """Without caching: one block popped onto the end of each table, in the order listed, exactly as
+        ``get_new_blocks(len(tables))`` would hand them out — without building that list (a decode run
+        hands out a block or two at a time, many times per request)."""
+        if self.enable_caching:
+            raise ValueError("append_new_blocks is the caching-off path; with caching use get_new_blocks")
+        n = len(tables)
+        if n > self.num_free:
+            raise ValueError(f"asked for {n} blocks, {self.num_free} free")
+        # Typed as objects, block ids go from list to list as they are (the compiled build would unbox and
+        # re-box each one).
+        stack: list[Any] = self._stack
+        for i in range(n):
+            table: list[Any] = tables[i]
+            if stack:
+                table.append(stack.pop())
+            else:
+                table.append(self._num_handed)
+                self._num_handed += 1
+        self._num_freed = len(stack)
 
     def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on prefix-hit blocks; a free one leaves the queue (it is no longer evictable)."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from simulator.core.block_pool import BlockPool
 from simulator.core.request import Request
@@ -158,12 +157,7 @@ class KVManager:
         the pool holds them all."""
         if self.enable_caching:
             raise ValueError("append_blocks is the caching-off path; with caching use allocate")
-        # Block ids stay Python ints from list to list (typed as objects, the compiled build does not
-        # unbox and re-box each one).
-        blocks: list[Any] = self.pool.get_new_blocks(len(tables))
-        for i in range(len(blocks)):  # as many as asked (else get_new_blocks raised)
-            table: list[Any] = tables[i]
-            table.append(blocks[i])
+        self.pool.append_new_blocks(tables)
 
     def _cache_full_blocks(self, request: Request, blocks: list[int], num_new_tokens: int,
                            num_hit_blocks: int) -> None:

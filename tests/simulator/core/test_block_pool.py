@@ -1,6 +1,7 @@
 """Block pool and KV manager: exact cases and hypothesis state machines over their invariants."""
 
-from hypothesis import settings
+import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -19,6 +20,32 @@ def test_without_caching_the_last_freed_block_is_reused_first() -> None:
     assert pool.get_new_blocks(4) == [0, 1, 2, 3]
     assert pool.get_new_blocks(2) == [4, 5]  # the stack empties, then a never-used block
     assert pool.num_free == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 5), st.integers(1, 4)), max_size=30), st.integers(4, 24))
+def test_append_new_blocks_hands_out_what_get_new_blocks_would(ops: list[tuple[bool, int, int]],
+                                                               num_blocks: int) -> None:
+    """Popping blocks onto tables one by one (a decode run's path) gives each table the very blocks, in
+    the same order, that one get_new_blocks call would have returned, and leaves the pool the same."""
+    by_list, by_tables = BlockPool(num_blocks, enable_caching=False), BlockPool(num_blocks, enable_caching=False)
+    held: list[list[int]] = []
+    for free, n, num_tables in ops:
+        if free and held:
+            blocks = held.pop(n % len(held))
+            by_list.free_blocks(blocks[::-1])
+            by_tables.free_blocks(blocks[::-1])
+            continue
+        if num_tables > by_list.num_free:
+            with pytest.raises(ValueError):
+                by_tables.append_new_blocks([[] for _ in range(num_tables)])
+            continue
+        expected = by_list.get_new_blocks(num_tables)
+        tables: list[list[int]] = [[7] for _ in range(num_tables)]
+        by_tables.append_new_blocks(tables)
+        assert tables == [[7, block] for block in expected]
+        held.append(expected)
+        assert by_tables.free_queue == by_list.free_queue and by_tables.num_free == by_list.num_free
 
 
 def test_free_order_is_lru_and_reverse_within_a_request() -> None:
