@@ -308,6 +308,8 @@ class Replica:
         self._step_s = 0.0
         self._run_state: _ActiveRun | None = None
         """The decode run in flight on the fast path."""
+        self._run: _ActiveRun | None = None
+        """The replica's decode run, reused from one run to the next (None before the first)."""
         # Each kind of event's callbacks, built once (see ``_Wake``).
         self._wake_callbacks: list[Callback] = [self._on_wake]
         self._step_end_callbacks: list[Callback] = [self._on_step_end]
@@ -383,12 +385,18 @@ class Replica:
             if num_steps >= 2:
                 # A decode run: ``num_steps`` identical decode steps in one event, cut short by an
                 # arrival the scheduler would try to admit (``submit`` -> ``_ActiveRun.cut_at``).
-                run = DecodeRun(scheduler, num_steps)
+                active = self._run
+                if active is None:
+                    run = DecodeRun(scheduler, num_steps)
+                    active = self._run = _ActiveRun(self, run)
+                else:
+                    run = active.run
+                    run.restart(num_steps)
                 start = self.clock.now()
                 # Step end times accumulated one addition at a time from now, as the step-by-step
                 # clock does.
                 ends = self.cost_model.decode_step_ends(run.batch, run.ctx_sum_start, num_steps, start)
-                active = _ActiveRun(self, run, ends, start, self._cut_possible and run.batch < self._max_num_seqs)
+                active.restart(ends, start, self._cut_possible and run.batch < self._max_num_seqs)
                 self._run_state = active
                 active.advance(start)  # the first step is scheduled now
                 active.event = self.clock.at(ends[-1], self._run_end_callbacks)
@@ -463,17 +471,25 @@ class _ActiveRun:
 
     __slots__ = ("cut", "cut_on_arrival", "ends", "event", "num_sampled", "replica", "run", "start")
 
-    def __init__(self, replica: Replica, run: DecodeRun, ends: list[float], start: float,
-                 cut_on_arrival: bool) -> None:
+    def __init__(self, replica: Replica, run: DecodeRun) -> None:
         self.replica = replica
         self.run = run
+        self.ends: list[float] = []
+        self.start = 0.0
+        self.cut_on_arrival = False
+        self.cut = False
+        self.num_sampled = 0
+        self.event: _Wake | None = None
+        """The event that ends the run: at the end of its last step."""
+
+    def restart(self, ends: list[float], start: float, cut_on_arrival: bool) -> None:
+        """Track a new run of ``run`` (restarted by the caller), with these step end times."""
         self.ends = ends
         self.start = start
         self.cut_on_arrival = cut_on_arrival
         self.cut = False
         self.num_sampled = 0
-        self.event: _Wake | None = None
-        """The event that ends the run: at the end of its last step."""
+        self.event = None
 
     def cut_at(self, now: float) -> None:
         """An arrival during step j: step j completes, then the scheduler sees the new request. The run

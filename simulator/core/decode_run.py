@@ -26,12 +26,27 @@ class DecodeRun:
     (``advance_to``) and closed by ``finish``; ``truncate`` cuts the run short (an arrival that could
     change the batch)."""
 
-    __slots__ = ("_counter_step", "_cursor", "_first_cycle", "_progressions", "_tables", "batch", "block_size",
-                 "ctx_sum_start", "num_done", "num_steps", "requests", "scheduler")
+    __slots__ = ("_counter_step", "_cursor_cycle", "_cursor_position", "_first_cycle", "_progressions", "_tables",
+                 "batch", "block_size", "ctx_sum_start", "num_done", "num_steps", "requests", "scheduler")
 
     def __init__(self, scheduler: Scheduler, num_steps: int) -> None:
         self.scheduler = scheduler
-        requests = self.requests = list(scheduler.running)
+        self.block_size = scheduler.block_size
+        self.requests: list[Request] = []
+        self._tables: list[list[int]] = []
+        """Each request's block table (the KV manager's own list), in running order."""
+        self._progressions: list[int] = []
+        self._first_cycle: list[int] = []
+        self.restart(num_steps)
+
+    def restart(self, num_steps: int) -> None:
+        """Begin a new run of ``num_steps`` steps of the scheduler's current running set, reusing this
+        object and its lists (a replica starts a run per arrival or completion: building them afresh each
+        time was a measurable share of the simulator's work)."""
+        scheduler = self.scheduler
+        requests = self.requests
+        requests.clear()
+        requests.extend(scheduler.running)
         self.num_steps = num_steps
         self.num_done = 0
         self.batch = n = len(requests)
@@ -44,13 +59,16 @@ class DecodeRun:
         # step phase + m * block_size if cycle <= m: sorted by (phase, index), one cycle's events come in
         # step order, running order within a step. Each is kept as one int, (phase * n + index) * 2 +
         # kind (sorting ints is several times cheaper than sorting tuples), its cycle in ``_first_cycle``
-        # at 2 * index + kind.
-        bs = self.block_size = scheduler.block_size
-        kv = scheduler.kv
-        caching = kv.enable_caching
-        tables: list[list[int]] = []
-        progressions: list[int] = []
-        first_cycle = [0] * (2 * n)
+        # at 2 * index + kind (only the entries of listed events are read, so the list is never cleared).
+        bs = self.block_size
+        caching = scheduler.kv.enable_caching
+        tables = self._tables
+        tables.clear()
+        progressions = self._progressions
+        progressions.clear()
+        first_cycle = self._first_cycle
+        if len(first_cycle) < 2 * n:
+            first_cycle.extend([0] * (2 * n - len(first_cycle)))
         ctx_sum = 0
         for index in range(n):  # one pass, plain ints (this runs once per decode run)
             request = requests[index]
@@ -69,15 +87,12 @@ class DecodeRun:
                     first_cycle[2 * index + 1] = (first - 1) // bs
         if len(progressions) > 1:
             progressions.sort()  # a request's two kinds of event on one step sit together: applied once
-        self._tables = tables
-        """Each request's block table (the KV manager's own list), in running order."""
-        self._first_cycle = first_cycle
         self._counter_step = 0
         """The run step every request's token counters stand at (all move together: ``set_counters``)."""
         self.ctx_sum_start = ctx_sum + n
         """Context sum of the first step: every request attends to its computed tokens plus the new one."""
-        self._progressions = progressions
-        self._cursor = (0, 0)
+        self._cursor_cycle = 0
+        self._cursor_position = 0
         """(cycle, position in the progressions) of the next event not yet applied."""
 
     def _take_events(self, step: int) -> list[int]:
@@ -89,7 +104,8 @@ class DecodeRun:
         bs = self.block_size
         n = self.batch
         first_cycle = self._first_cycle
-        cycle, position = self._cursor
+        cycle = self._cursor_cycle
+        position = self._cursor_position
         out: list[int] = []
         count = len(progressions)
         while True:
@@ -101,7 +117,8 @@ class DecodeRun:
                 slot = key >> 1  # phase * n + index
                 phase = slot // n
                 if phase + base > step:
-                    self._cursor = (cycle, position)
+                    self._cursor_cycle = cycle
+                    self._cursor_position = position
                     return out
                 index = slot - phase * n
                 if first_cycle[2 * index + (key & 1)] <= cycle:
@@ -109,7 +126,8 @@ class DecodeRun:
                 position += 1
             cycle += 1
             position = 0
-        self._cursor = (cycle, position)
+        self._cursor_cycle = cycle
+        self._cursor_position = position
         return out
 
     def truncate(self, num_steps: int) -> None:

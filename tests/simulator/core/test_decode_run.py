@@ -28,12 +28,16 @@ def _drive(config: SchedulerConfig, specs: list[RequestSpec], fast: bool) -> dic
     for spec in specs:
         sched.add_request(spec)
     guard = 0
+    run: DecodeRun | None = None
     while sched.has_work:
         guard += 1
         assert guard < 5000
         k = sched.steady_decode_steps() if fast else 0
         if k >= 2:
-            run = DecodeRun(sched, k)
+            if run is None:
+                run = DecodeRun(sched, k)
+            else:
+                run.restart(k)  # one object for every run after the first, as a replica does
             run.advance_to(k // 2)  # partly applied, as when a router looks mid-run
             run.finish()
         else:
