@@ -141,12 +141,16 @@ class BlockPool:
                 return []
             stack = self._stack
             num_reused = min(num_blocks, len(stack))
+            # Plain slices and an in-place reverse (compiled, a slice with a step is a generic call).
             if num_reused == num_blocks:
-                out = stack[: -num_blocks - 1 : -1]
-                del stack[-num_blocks:]
+                cut = len(stack) - num_blocks
+                out = stack[cut:]
+                out.reverse()
+                del stack[cut:]
                 self._num_freed -= num_blocks
                 return out
-            out = stack[::-1]
+            out = stack[:]
+            out.reverse()
             stack.clear()
             self._num_freed = 0
             num_fresh = num_blocks - num_reused
@@ -181,7 +185,7 @@ class BlockPool:
             remaining -= 1
         return out
 
-    def append_new_blocks(self, tables: Sequence[list[int]]) -> None:
+    def append_new_blocks(self, tables: list[list[int]]) -> None:
         """Without caching: one block popped onto the end of each table, in the order listed, exactly as
         ``get_new_blocks(len(tables))`` would hand them out — without building that list (a decode run
         hands out a block or two at a time, many times per request)."""

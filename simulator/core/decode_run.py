@@ -44,9 +44,7 @@ class DecodeRun:
         object and its lists (a replica starts a run per arrival or completion: building them afresh each
         time was a measurable share of the simulator's work)."""
         scheduler = self.scheduler
-        requests = self.requests
-        requests.clear()
-        requests.extend(scheduler.running)
+        requests = self.requests = list(scheduler.running)  # a fresh copy: cheaper than refilling in place
         self.num_steps = num_steps
         self.num_done = 0
         self.batch = n = len(requests)
@@ -62,10 +60,12 @@ class DecodeRun:
         # at 2 * index + kind (only the entries of listed events are read, so the list is never cleared).
         bs = self.block_size
         caching = scheduler.kv.enable_caching
+        # Tables and cycles are written by index and never truncated: only the first n tables, and the
+        # cycles of listed events, are read.
         tables = self._tables
-        tables.clear()
-        progressions = self._progressions
-        progressions.clear()
+        if len(tables) < n:
+            tables.extend([[]] * (n - len(tables)))  # placeholders, overwritten below
+        progressions: list[int] = []
         first_cycle = self._first_cycle
         if len(first_cycle) < 2 * n:
             first_cycle.extend([0] * (2 * n - len(first_cycle)))
@@ -75,7 +75,7 @@ class DecodeRun:
             computed = request.num_computed_tokens
             ctx_sum += computed
             table = request.block_table  # the KV manager's own list, appended to in place
-            tables.append(table)
+            tables[index] = table
             first = len(table) * bs - computed + 1  # first token of a new block
             if 1 <= first <= num_steps:
                 progressions.append((((first - 1) % bs + 1) * n + index) * 2)
@@ -87,6 +87,7 @@ class DecodeRun:
                     first_cycle[2 * index + 1] = (first - 1) // bs
         if len(progressions) > 1:
             progressions.sort()  # a request's two kinds of event on one step sit together: applied once
+        self._progressions = progressions
         self._counter_step = 0
         """The run step every request's token counters stand at (all move together: ``set_counters``)."""
         self.ctx_sum_start = ctx_sum + n

@@ -150,7 +150,7 @@ class KVManager:
             not self.enable_caching or (computed + 1) % self.block_size != 0
         )
 
-    def append_blocks(self, tables: Sequence[list[int]]) -> None:
+    def append_blocks(self, tables: list[list[int]]) -> None:
         """One fresh block at the end of each listed table (a request's ``block_table``, the list itself),
         popped in the order listed (a table listed twice gets two): ``allocate(request, 1)`` for decode
         tokens that start a block, when prefix caching is off. The caller (a decode run) has checked that
@@ -175,17 +175,15 @@ class KVManager:
         self.num_lookup_tokens += num_prompt_tokens
         self.num_hit_tokens += num_hit_tokens
 
-    def free(self, request: Request) -> list[int]:
-        """Release the request's blocks, tail first (its longest prefixes are evicted first); returns
-        the block ids it held, in table order."""
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, tail first (its longest prefixes are evicted first)."""
         self.req_blocks.pop(request.request_id, None)
         blocks = request.block_table
-        request.block_table = []  # a new list: the one returned stays as it was
+        request.block_table = []  # the old table leaves the request: reversed in place below
         request.num_indexed_blocks = 0
-        if not blocks:
-            return []
-        self.pool.free_blocks(blocks[::-1])  # a list: freed in one C-level extend
-        return blocks
+        if blocks:
+            blocks.reverse()  # tail first; a list, freed in one C-level extend
+            self.pool.free_blocks(blocks)
 
     def block_ids(self, request_id: int) -> list[int]:
         return list(self.req_blocks.get(request_id, ()))
