@@ -9,6 +9,7 @@ own events (``replica.Clock.at``): no SimPy process, generator or ``Timeout`` pe
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
 
 import simpy
 
@@ -50,7 +51,10 @@ class ArrivalFeed:
         self.report_every = report_every
         self.num_arrived = 0
         self._specs: Iterator[RequestSpec] = iter(specs)
-        self._next: RequestSpec | None = next(self._specs, None)
+        self._buffer: list[RequestSpec] = []
+        """Specs taken from ``specs`` ahead of time, in blocks (``_pull``); ``_position`` is the next one."""
+        self._position = 0
+        self._next: RequestSpec | None = self._pull()
         self._callbacks: list[Callable[[object], None]] = [self._on_arrival]
         """Every arrival event's callbacks (built once: see ``replica._Wake``)."""
         if self._next is not None:
@@ -73,7 +77,24 @@ class ArrivalFeed:
             self.num_arrived += 1
             if progress is not None and self.num_arrived % self.report_every == 0:
                 progress(self.num_arrived)
-            spec = next(self._specs, None)
+            spec = self._pull()
         self._next = spec
         if spec is not None:
             self.clock.at(spec.arrival_s, self._callbacks)
+
+    def _pull(self) -> RequestSpec | None:
+        """The next spec, or None when there are no more. Taken from the iterator a block at a time: in the
+        compiled build ``next`` on it is a generic call, an item of a list is not."""
+        position = self._position
+        buffer = self._buffer
+        if position >= len(buffer):
+            buffer = self._buffer = list(islice(self._specs, _PULL_BLOCK))
+            position = 0
+            if not buffer:
+                return None
+        self._position = position + 1
+        return buffer[position]
+
+
+_PULL_BLOCK = 512
+"""Specs the feed takes from its iterator at a time."""

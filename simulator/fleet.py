@@ -7,7 +7,6 @@ and lengths); only what the variant overrides differs.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import partial
 
 import simpy
 
@@ -82,7 +81,7 @@ def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
         if progress is not None:
             progress(name, arrived, num_requests)
 
-    ArrivalFeed(env, specs, log, replicas, route=partial(state.route, router),
+    ArrivalFeed(env, specs, log, replicas, route=state.route_fn(router),
                 progress=None if progress is None else report, report_every=max(1, num_requests // 100))
     run_until(env, sim.horizon_s)
     end_s = env.now if sim.horizon_s is None else sim.horizon_s

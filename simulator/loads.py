@@ -33,3 +33,19 @@ def first_min_index(values: list[int]) -> int:
             lowest = value
             best = i
     return best
+
+
+class LeastLoadedRoute:
+    """A least-loaded policy's ``route(spec, now_s)`` on live views: the first smallest of the fleet's load
+    list (``least_loaded_index``). One native call per request in the compiled build, where the router's
+    ``choose`` behind ``RouterState.route`` is three interpreted calls."""
+
+    __slots__ = ("loads",)
+
+    def __init__(self, loads: list[int]) -> None:
+        if not loads:
+            raise ValueError("no replicas to route to")
+        self.loads = loads
+
+    def __call__(self, spec: object, now_s: float) -> int:
+        return least_loaded_index(self.loads)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from operator import attrgetter
 from typing import ClassVar, Literal, Protocol, get_args
 
@@ -22,7 +23,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.core.request import RequestSpec
-from simulator.loads import least_loaded_index
+from simulator.loads import LeastLoadedRoute, least_loaded_index
 
 RouterPolicy = Literal[
     "round_robin", "random", "least_requests", "least_kv", "power_of_two", "session_affinity", "prefix_aware"
@@ -51,6 +52,10 @@ class RouterConfig(BaseModel):
     load_weight: float = Field(default=2.0, ge=0.0)
     """prefix_aware: weight of the replica's load relative to the busiest replica. At 2× the prefix weight,
     a replica holding the whole prefix keeps the request unless another has less than half its load."""
+
+
+RouteFn = Callable[[RequestSpec, float], int]
+"""route(spec, now_s) -> index of the replica that receives the request."""
 
 
 class ReplicaView(Protocol):
@@ -188,6 +193,11 @@ class LeastRequestsRouter:
 
     def choose(self, spec: RequestSpec, views: Sequence[ReplicaView], now_s: float) -> int:
         return _least_loaded(views)
+
+    def live_route(self, loads: list[int]) -> RouteFn:
+        """``choose`` on live views, as one call: the first minimum of the load list (what
+        ``_least_loaded`` reads from ``LiveViews``)."""
+        return LeastLoadedRoute(loads)
 
 
 class LeastKVRouter:
@@ -470,6 +480,14 @@ class RouterState:
         snapshot = self._snapshots[index]
         snapshot.num_waiting += 1
         snapshot.num_dispatched += 1
+
+    def route_fn(self, router: Router) -> RouteFn:
+        """``route`` with ``router``, as one callable: the router's own ``live_route`` when it has one and
+        the views are live (it reads the fleet's load list directly), else ``route`` itself."""
+        live_route: Callable[[list[int]], RouteFn] | None = getattr(router, "live_route", None)
+        if live_route is not None and self.is_live and isinstance(self._replicas, LiveViews):
+            return live_route(self._replicas.loads)
+        return partial(self.route, router)
 
     def route(self, router: Router, spec: RequestSpec, now_s: float) -> int:
         """Choose a replica for ``spec`` on the current views and account for the dispatch."""

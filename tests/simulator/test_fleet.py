@@ -205,20 +205,25 @@ def test_router_load_signal_counts_every_held_request(case: str, monkeypatch: py
     every routing decision, through preemptions, swaps and decode runs."""
     from simulator import router as router_module
 
-    route = router_module.RouterState.route
+    route_fn = router_module.RouterState.route_fn
     checked = []
 
-    def checking_route(self: Any, router: Any, spec: Any, now_s: float) -> int:
-        for replica in self._replicas:
-            sched = replica.scheduler
-            replica.sync()
-            assert replica.load == len(sched.running) + len(sched.waiting) + len(sched.swapped)
-        # The fleet's load list (what the least-loaded scan reads) mirrors every replica's load.
-        assert self._replicas.loads == [replica.load for replica in self._replicas]
-        checked.append(spec.request_id)
-        return route(self, router, spec, now_s)
+    def checking_route_fn(self: Any, router: Any) -> Any:
+        route = route_fn(self, router)  # the live load-list route, for least_requests on live views
 
-    monkeypatch.setattr(router_module.RouterState, "route", checking_route)
+        def checking_route(spec: Any, now_s: float) -> int:
+            for replica in self._replicas:
+                sched = replica.scheduler
+                replica.sync()
+                assert replica.load == len(sched.running) + len(sched.waiting) + len(sched.swapped)
+            # The fleet's load list (what the least-loaded scan reads) mirrors every replica's load.
+            assert self._replicas.loads == [replica.load for replica in self._replicas]
+            checked.append(spec.request_id)
+            return route(spec, now_s)
+
+        return checking_route
+
+    monkeypatch.setattr(router_module.RouterState, "route_fn", checking_route_fn)
     simulate(POLICIES[case])
     assert len(checked) == BASE["workload"]["num_requests"]
 

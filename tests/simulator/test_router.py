@@ -381,3 +381,24 @@ def test_the_load_list_pick_is_the_first_minimum(loads: list[int]) -> None:
 def test_the_load_list_pick_needs_a_replica() -> None:
     with pytest.raises(ValueError, match="no replicas"):
         least_loaded_index([])
+
+
+@given(st.lists(st.integers(min_value=0, max_value=50), min_size=1, max_size=40), st.integers(0, 1000))
+def test_live_least_requests_routes_as_its_choose_does(loads: list[int], rid: int) -> None:
+    """On live views, RouterState hands the fleet least_requests' own load-list route: the same pick as
+    ``choose`` on the replicas, for any loads."""
+    replicas = [FakeReplica(i, num_waiting=load) for i, load in enumerate(loads)]
+    router = LeastRequestsRouter()
+    state = RouterState(replicas, 0.0, loads=list(loads))
+    route = state.route_fn(router)
+    assert not hasattr(route, "func")  # not the generic path: a partial of RouterState.route
+    request = spec(rid)
+    assert route(request, 0.0) == router.choose(request, replicas, 0.0) == state.route(router, request, 0.0)
+
+
+def test_routes_on_snapshots_or_without_a_live_route_go_through_route() -> None:
+    replicas = [FakeReplica(i) for i in range(3)]
+    stale = RouterState(replicas, 1.0, loads=[0, 0, 0])
+    assert getattr(stale.route_fn(LeastRequestsRouter()), "func", None) == stale.route  # refreshes, counts
+    live = RouterState(replicas, 0.0, loads=[0, 0, 0])
+    assert getattr(live.route_fn(RoundRobinRouter()), "func", None) == live.route
