@@ -318,7 +318,10 @@ class Scheduler:
         return self.num_waiting >= int(len(self.running) * cfg.waiting_served_ratio)
 
     def _decode_all(self, plan: StepPlan) -> None:
-        """Every running request gets the tokens it lacks (one, for a decode), preempting on OOM."""
+        """Every running request gets the tokens it lacks (one, for a decode), preempting on OOM, in
+        running order while the step's token budget lasts (vLLM v0's running loop: with more requests
+        running than ``max_num_batched_tokens``, the rest wait for the next step). The first row always
+        goes, as a whole prompt does on admission."""
         budget = self.config.max_num_batched_tokens
         i = 0
         while i < len(self.running):
@@ -327,6 +330,8 @@ class Scheduler:
             if num_new <= 0:
                 i += 1
                 continue
+            if num_new > budget and plan.requests:
+                break
             scheduled, budget, i = self._allocate_or_preempt(plan, request, num_new, budget, i)
             if not scheduled:
                 break
