@@ -536,7 +536,10 @@ class _ActiveRun:
         series = self.replica.series
         ends = self.ends
         while True:
-            j = _bisect_left(ends, series.next_sample_s)
+            next_sample_s = series.next_sample_s
+            if last < len(ends) and ends[last] < next_sample_s:
+                return  # step last + 1 ends before the grid point: no step up to last is needed (no search)
+            j = _bisect_left(ends, next_sample_s)
             if j <= self.num_sampled:
                 j = self.num_sampled + 1
             if j > last:
