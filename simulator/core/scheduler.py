@@ -160,6 +160,7 @@ class Scheduler:
         finished: list[Request] = []
         rows = plan.requests
         rows_new = plan.num_new_tokens
+        any_stopped = bool(stopped_ids)  # once: compiled, the truth of a Collection is a generic call
         for index in range(plan.num_rows()):  # indexed: compiled, zip(strict=True) is a slow generic call
             request = rows[index]
             num_new = rows_new[index]
@@ -169,7 +170,7 @@ class Scheduler:
                 continue  # a prompt chunk that did not reach the end: nothing sampled
             outputs = request.num_output_tokens + 1
             request.num_output_tokens = outputs
-            if outputs >= request.max_output_tokens or (stopped_ids and request.request_id in stopped_ids):
+            if outputs >= request.max_output_tokens or (any_stopped and request.request_id in stopped_ids):
                 self._finish(request)
                 finished.append(request)
                 plan.finished_ids.append(request.request_id)

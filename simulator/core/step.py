@@ -9,7 +9,7 @@ Standard library only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, cast
+from typing import Final, NamedTuple, cast
 
 from simulator.core.request import Request
 
@@ -143,7 +143,9 @@ def compute_shape(plan: StepPlan) -> StepShape:
     # tuple's own __new__ is generated Python code, interpreted even when this module is compiled.
     values = (len(plan.requests), num_decode + prefill_tokens, num_decode, decode_ctx + num_decode, prefill_tokens,
               pairs, swap)
-    return cast(StepShape, _TUPLE_NEW(StepShape, values))
+    return cast(StepShape, _TUPLE_NEW(_STEP_SHAPE, values))
 
 
-_TUPLE_NEW = tuple.__new__
+# Final: compiled, each is a constant rather than a lookup in the module's globals per call.
+_TUPLE_NEW: Final = tuple.__new__
+_STEP_SHAPE: Final = StepShape
