@@ -106,6 +106,29 @@ class Clock:
             heappush(self._queue, entry)
         return event
 
+    def move_earlier(self, event: _Wake, at_s: float) -> _Wake:
+        """Reschedule a pending ``event`` at ``at_s`` (<= its time) as if it were scheduled now (with a
+        new id, so ties order as they would for a new event); returns the event that now fires. Strictly
+        earlier, the entry is replaced in place and sifted toward the root: a cut decode run moves its end
+        event this way rather than leaving it on the queue as a no-op, so the queue stays as short as the
+        replicas' live events. At the same time, the old event becomes a no-op and a new one is made."""
+        queue = self._queue
+        for pos in range(len(queue)):
+            entry = queue[pos]
+            if entry[3] is event:
+                old_at: float = entry[0]
+                if at_s < old_at:
+                    _sift_toward_root(queue, pos, (at_s, _NORMAL, self._eid.take(), event))
+                    return event
+                if at_s > old_at:
+                    raise ValueError(f"move_earlier: {at_s} is later than the event's time {old_at}")
+                callbacks = event.callbacks
+                if callbacks is None:
+                    break
+                event.callbacks = []
+                return self.at(at_s, callbacks)
+        raise RuntimeError("move_earlier: the event is not on the queue (it has fired)")
+
 
 _NORMAL: Final = 1
 _URGENT: Final = 0
@@ -493,8 +516,7 @@ class _ActiveRun:
 
     def cut_at(self, now: float) -> None:
         """An arrival during step j: step j completes, then the scheduler sees the new request. The run
-        is truncated to j steps and its end event moved to step j's end (the superseded event stays on
-        SimPy's queue with no callbacks: it pops as a no-op)."""
+        is truncated to j steps and its end event moved to step j's end, in place on SimPy's queue."""
         self.cut = True
         run = self.run
         last = min(_bisect_right(self.ends, now) + 1, run.num_steps)
@@ -502,12 +524,10 @@ class _ActiveRun:
         if last == run.num_steps:
             return  # the arrival came during the run's last step: the end is already right
         run.truncate(last)
-        old = self.event
-        if old is None or not old.callbacks:
+        event = self.event
+        if event is None or not event.callbacks:
             raise RuntimeError("decode run cut after its end event fired")
-        old.callbacks = []
-        replica = self.replica
-        self.event = replica.clock.at(self.ends[last - 1], replica._run_end_callbacks)
+        self.event = self.replica.clock.move_earlier(event, self.ends[last - 1])
 
     def advance(self, now: float) -> None:
         """Apply every step of the run that has started by ``now``; sample the ones that have ended."""

@@ -131,3 +131,26 @@ def test_the_native_heap_is_heapq(ops: list[tuple[float, int, bool]]) -> None:
     while theirs:
         assert heap_pop(ours) == heapq.heappop(theirs)
     assert ours == []
+
+
+@given(st.lists(st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0, 2.5]), min_size=1, max_size=40), st.data())
+def test_moving_an_event_earlier_keeps_the_queue_a_heap(times: list[float], data: st.DataObject) -> None:
+    """Clock.move_earlier on a queue of events: the moved event pops at its new time, as a new event at that
+    time would (a fresh id), every other event is untouched, and the queue stays a valid heap for SimPy."""
+    env = simpy.Environment()
+    clock = Replica(env, 0, SchedulerConfig(num_blocks=8), CostModel(load_profile(PROFILE)), RequestLog(1),
+                    ReplicaSeries(0, 1.0)).clock
+    fired: list[int] = []
+    events = [clock.at(t, [lambda _event, i=i: fired.append(i)]) for i, t in enumerate(times)]
+    index = data.draw(st.integers(0, len(times) - 1))
+    new_at = data.draw(st.sampled_from([t for t in (0.0, 0.25, 1.0, 2.5) if t <= times[index]]))
+    moved = clock.move_earlier(events[index], new_at)
+    assert (moved is events[index]) == (new_at < times[index])  # same time: a fresh event, the old a no-op
+    queue = env._queue
+    assert all(not queue[child] < queue[(child - 1) // 2] for child in range(1, len(queue)))
+    expected = sorted((times[i] if i != index else new_at, i if i != index else len(times), i)
+                      for i in range(len(times)))
+    env.run()
+    assert fired == [i for _, _, i in expected]
+    with pytest.raises(RuntimeError, match="not on the queue"):
+        clock.move_earlier(events[index], 0.0)
