@@ -3,7 +3,7 @@
 ``fleetsim build-native`` compiles the serving core (``simulator.core``), the cost model, the run recorders,
 the arrival feed, the load list and the replica loop to C extensions with mypyc — the very files the
 pure-Python package runs, unchanged, so the policy code still exists once. A simulated request then costs
-about a third of the instructions (see ``benchmarks/sim_speed.py``). Nothing else changes: results are
+about a quarter of the instructions (see ``benchmarks/sim_speed.py``). Nothing else changes: results are
 identical (a test builds it and compares).
 
 The build lands in a cache folder named by a digest of those sources and of the interpreter. At import,
