@@ -35,8 +35,9 @@ Callback = Callable[[Any], None]
 class _Wake:
     """An event on SimPy's queue that calls back one replica method. SimPy's ``Environment.step`` reads
     an event's ``callbacks`` (then sets them to None) and ``_ok``, and calls each callback with the event;
-    this is all a ``simpy.Event`` needs to be for that. A cut decode run replaces the callbacks of its
-    superseded event with an empty list, and the event then pops as a no-op.
+    this is all a ``simpy.Event`` needs to be for that. A cut decode run moves its end event earlier on
+    the queue (``Clock.move_earlier``); an event whose callbacks were replaced by an empty list pops as a
+    no-op (the fallback there, for a move to the same time).
 
     ``callbacks`` is a list its owner built once and hands to every event of one kind (SimPy and
     ``run_until`` only ever replace an event's list, never change one): no bound method and no list is
