@@ -17,13 +17,16 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from operator import attrgetter
-from typing import ClassVar, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, get_args
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.core.request import RequestSpec
 from simulator.loads import LeastLoadedRoute, least_loaded_index
+
+if TYPE_CHECKING:
+    from simulator.arrivals import RouteFn
 
 RouterPolicy = Literal[
     "round_robin", "random", "least_requests", "least_kv", "power_of_two", "session_affinity", "prefix_aware"
@@ -52,10 +55,6 @@ class RouterConfig(BaseModel):
     load_weight: float = Field(default=2.0, ge=0.0)
     """prefix_aware: weight of the replica's load relative to the busiest replica. At 2× the prefix weight,
     a replica holding the whole prefix keeps the request unless another has less than half its load."""
-
-
-RouteFn = Callable[[RequestSpec, float], int]
-"""route(spec, now_s) -> index of the replica that receives the request."""
 
 
 class ReplicaView(Protocol):

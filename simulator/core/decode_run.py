@@ -41,8 +41,8 @@ class DecodeRun:
 
     def restart(self, num_steps: int) -> None:
         """Begin a new run of ``num_steps`` steps of the scheduler's current running set, reusing this
-        object and its lists (a replica starts a run per arrival or completion: building them afresh each
-        time was a measurable share of the simulator's work)."""
+        object and its tables and cycles lists (a replica starts a run per arrival or completion: building
+        them afresh each time was a measurable share of the simulator's work)."""
         scheduler = self.scheduler
         requests = self.requests = list(scheduler.running)  # a fresh copy: cheaper than refilling in place
         self.num_steps = num_steps
