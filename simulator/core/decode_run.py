@@ -26,45 +26,67 @@ class DecodeRun:
     (``advance_to``) and closed by ``finish``; ``truncate`` cuts the run short (an arrival that could
     change the batch)."""
 
-    __slots__ = ("_counter_step", "_cursor_cycle", "_cursor_position", "_first_cycle", "_progressions", "_tables",
-                 "batch", "block_size", "ctx_sum_start", "num_done", "num_steps", "requests", "scheduler")
+    __slots__ = ("_caching", "_counter_step", "_cursor_cycle", "_cursor_position", "_first_cycle", "_next_block_step",
+                 "_progressions", "batch", "block_size", "ctx_sum_start", "num_done", "num_steps", "requests",
+                 "scheduler")
 
     def __init__(self, scheduler: Scheduler, num_steps: int) -> None:
         self.scheduler = scheduler
         self.block_size = scheduler.block_size
+        self._caching = scheduler.kv.enable_caching
         self.requests: list[Request] = []
-        self._tables: list[list[int]] = []
-        """Each request's block table (the KV manager's own list), in running order."""
         self._progressions: list[int] = []
         self._first_cycle: list[int] = []
+        self._cursor_cycle = 0
+        self._cursor_position = 0
+        self._next_block_step = _NEVER
         self.restart(num_steps)
 
     def restart(self, num_steps: int) -> None:
         """Begin a new run of ``num_steps`` steps of the scheduler's current running set, reusing this
-        object and its tables and cycles lists (a replica starts a run per arrival or completion: building
-        them afresh each time was a measurable share of the simulator's work)."""
-        scheduler = self.scheduler
-        requests = self.requests = list(scheduler.running)  # a fresh copy: cheaper than refilling in place
+        object (a replica starts a run per arrival or completion)."""
+        requests = self.requests = list(self.scheduler.running)  # a fresh copy: cheaper than refilling in place
         self.num_steps = num_steps
         self.num_done = 0
-        self.batch = n = len(requests)
-        # Steps where a request's KV bookkeeping can change: it starts a block it does not hold yet, or
-        # (with the prefix cache) fills a block with a known hash. All other decode steps are no-ops for
-        # the KV manager. Step j of the run computes token c + j - 1 of a request with c computed tokens,
-        # so each kind of event recurs every block_size steps from its first step f: it is kept as
-        # (phase, index, cycle) with f = phase + cycle * block_size, phase in 1..block_size, and expanded
-        # lazily (most runs are cut after a few steps). In cycle m, event (phase, index, cycle) falls on
-        # step phase + m * block_size if cycle <= m: sorted by (phase, index), one cycle's events come in
-        # step order, running order within a step. Each is kept as one int, (phase * n + index) * 2 +
-        # kind (sorting ints is several times cheaper than sorting tuples), its cycle in ``_first_cycle``
-        # at 2 * index + kind (only the entries of listed events are read, so the list is never cleared).
+        self.batch = len(requests)
+        self._counter_step = 0
+        """The run step every request's token counters stand at (all move together: ``set_counters``)."""
+        if self._caching:
+            ctx_sum = self._index_events(num_steps)
+        else:
+            # Without the prefix cache, the only KV work is a new block for a request whose next token starts
+            # one: step j of the run computes token c + j - 1 of a request with c computed tokens, so it
+            # needs a block on step len(block_table) * block_size - c + 1, and every block_size steps after.
+            # That step is read off the request's table as the run goes (``_append_blocks_until``); here only
+            # the earliest of them is kept, so that steps before it cost nothing.
+            bs = self.block_size
+            ctx_sum = 0
+            next_block_step = _NEVER
+            for request in requests:
+                computed = request.num_computed_tokens
+                ctx_sum += computed
+                first = len(request.block_table) * bs - computed + 1
+                if 1 <= first < next_block_step:
+                    next_block_step = first
+            self._next_block_step = next_block_step
+        self.ctx_sum_start = ctx_sum + self.batch
+        """Context sum of the first step: every request attends to its computed tokens plus the new one."""
+
+    def _index_events(self, num_steps: int) -> int:
+        """With the prefix cache: list the run's KV events (``_take_events``); returns the requests' context sum.
+
+        Steps where a request's KV bookkeeping can change: it starts a block it does not hold yet, or fills
+        a block with a known hash. All other decode steps are no-ops for the KV manager. Each kind of event
+        recurs every block_size steps from its first step f: it is kept as (phase, index, cycle) with f =
+        phase + cycle * block_size, phase in 1..block_size, and expanded lazily (most runs are cut after a
+        few steps). In cycle m, event (phase, index, cycle) falls on step phase + m * block_size if cycle
+        <= m: sorted by (phase, index), one cycle's events come in step order, running order within a step.
+        Each is kept as one int, (phase * n + index) * 2 + kind (sorting ints is several times cheaper than
+        sorting tuples), its cycle in ``_first_cycle`` at 2 * index + kind (only the entries of listed
+        events are read, so the list is never cleared)."""
+        requests = self.requests
+        n = self.batch
         bs = self.block_size
-        caching = scheduler.kv.enable_caching
-        # Tables and cycles are written by index and never truncated: only the first n tables, and the
-        # cycles of listed events, are read.
-        tables = self._tables
-        if len(tables) < n:
-            tables.extend([[]] * (n - len(tables)))  # placeholders, overwritten below
         progressions: list[int] = []
         first_cycle = self._first_cycle
         if len(first_cycle) < 2 * n:
@@ -74,13 +96,11 @@ class DecodeRun:
             request = requests[index]
             computed = request.num_computed_tokens
             ctx_sum += computed
-            table = request.block_table  # the KV manager's own list, appended to in place
-            tables[index] = table
-            first = len(table) * bs - computed + 1  # first token of a new block
+            first = len(request.block_table) * bs - computed + 1  # first token of a new block
             if 1 <= first <= num_steps:
                 progressions.append((((first - 1) % bs + 1) * n + index) * 2)
                 first_cycle[2 * index] = (first - 1) // bs
-            if caching and len(request.block_hashes) > computed // bs:
+            if len(request.block_hashes) > computed // bs:
                 first = -computed % bs or bs  # the step whose token completes a block
                 if first <= num_steps:
                     progressions.append((((first - 1) % bs + 1) * n + index) * 2 + 1)
@@ -88,13 +108,10 @@ class DecodeRun:
         if len(progressions) > 1:
             progressions.sort()  # a request's two kinds of event on one step sit together: applied once
         self._progressions = progressions
-        self._counter_step = 0
-        """The run step every request's token counters stand at (all move together: ``set_counters``)."""
-        self.ctx_sum_start = ctx_sum + n
-        """Context sum of the first step: every request attends to its computed tokens plus the new one."""
         self._cursor_cycle = 0
         self._cursor_position = 0
         """(cycle, position in the progressions) of the next event not yet applied."""
+        return ctx_sum
 
     def _take_events(self, step: int) -> list[int]:
         """The events after the cursor up to ``step``, in order, each as ``step * batch + index``; moves the
@@ -143,16 +160,15 @@ class DecodeRun:
         if step <= self.num_done:
             return  # already applied (most calls: a router's sync or a sample within one step)
         self.num_done = step
+        if not self._caching:
+            if step >= self._next_block_step:
+                self._append_blocks_until(step)
+            return
         events = self._take_events(step)
         if not events:
             return
         kv = self.scheduler.kv
         n = self.batch
-        if not kv.enable_caching:
-            # Every event starts a block (no hashes to index): hand them out in one call, in step order.
-            tables = self._tables
-            kv.append_blocks([tables[event % n] for event in events])
-            return
         requests = self.requests
         counter_step = self._counter_step
         previous = -1
@@ -174,6 +190,58 @@ class DecodeRun:
             if allocated is None:  # steady_decode_steps checked the pool: cannot happen
                 raise AssertionError(f"decode run: no KV for {request} at step {j}")
 
+    def _append_blocks_until(self, step: int) -> None:
+        """Without the prefix cache: pop a block onto each table whose request starts one on a step from
+        ``_next_block_step`` to ``step``, in step order, running order within a step.
+
+        Each request's next such step is read off its table (see ``restart``): a block appended moves it
+        block_size steps on. The steps are taken in windows of block_size, in which a request starts at most
+        one block, so one pass over the batch finds a window's blocks; most windows are a single step (the
+        run is applied as it goes), where that pass already lists them in order."""
+        requests = self.requests
+        bs = self.block_size
+        n = self.batch
+        kv = self.scheduler.kv
+        base = self._counter_step + 1  # at = len(table) * block_size - (computed tokens at the run's start) + 1
+        low = following = self._next_block_step
+        while low <= step:
+            high = low + bs - 1
+            if high > step:
+                high = step
+            following = _NEVER
+            if low == high:
+                tables: list[list[int]] = []
+                for request in requests:
+                    table = request.block_table
+                    at = len(table) * bs - request.num_computed_tokens + base
+                    if at == low:
+                        tables.append(table)
+                        at += bs
+                    if 1 <= at < following:
+                        following = at
+                kv.append_blocks(tables)
+            else:
+                keys: list[int] = []  # step * n + index: step order, then running order
+                ordered = True
+                last = -1
+                for index, request in enumerate(requests):
+                    at = len(request.block_table) * bs - request.num_computed_tokens + base
+                    if 1 <= at <= high:
+                        key = at * n + index
+                        if key < last:
+                            ordered = False
+                        last = key
+                        keys.append(key)
+                        at += bs
+                    if 1 <= at < following:
+                        following = at
+                if keys:
+                    if not ordered:
+                        keys.sort()
+                    kv.append_blocks([requests[key % n].block_table for key in keys])
+            low = following
+        self._next_block_step = following
+
     def set_counters(self, step: int) -> None:
         """Leave every request as it is after ``step`` steps of the run (for readers of request state,
         e.g. KV usage figures, in the middle of a run; O(batch)). Counters move by the same amount for
@@ -193,3 +261,7 @@ class DecodeRun:
         self.set_counters(self.num_steps)
         self.scheduler.account_steps(self.num_steps)
         return self.scheduler.retire_finished(self.requests)
+
+
+_NEVER = 1 << 60
+"""A step no run reaches (a short int in the compiled build, which holds up to 2**62 unboxed)."""

@@ -1,5 +1,7 @@
 """DecodeRun (the fast path) against plain steps: the same scheduler state, block for block."""
 
+import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,8 +23,11 @@ def _state(sched: Scheduler) -> tuple[object, ...]:
     )
 
 
-def _drive(config: SchedulerConfig, specs: list[RequestSpec], fast: bool) -> dict[int, tuple[object, ...]]:
-    """State after every step (step-by-step) or after every step or run (fast), keyed by steps done."""
+def _drive(config: SchedulerConfig, specs: list[RequestSpec], fast: bool,
+           probes: tuple[int, ...] = (50,)) -> dict[int, tuple[object, ...]]:
+    """State after every step (step-by-step) or after every step or run (fast), keyed by steps done. A run
+    is applied up to each of ``probes`` (percent of its steps) before it finishes, as routers and samples
+    look mid-run: one step at a time, several at once, or not at all."""
     sched = Scheduler(config)
     states = {0: _state(sched)}
     for spec in specs:
@@ -38,7 +43,8 @@ def _drive(config: SchedulerConfig, specs: list[RequestSpec], fast: bool) -> dic
                 run = DecodeRun(sched, k)
             else:
                 run.restart(k)  # one object for every run after the first, as a replica does
-            run.advance_to(k // 2)  # partly applied, as when a router looks mid-run
+            for percent in probes:
+                run.advance_to(k * percent // 100)
             run.finish()
         else:
             plan = sched.schedule()
@@ -56,10 +62,11 @@ def _drive(config: SchedulerConfig, specs: list[RequestSpec], fast: bool) -> dic
     caching=st.booleans(),
     max_num_seqs=st.integers(1, 12),
     reqs=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 60), st.integers(0, 2)), min_size=1, max_size=20),
+    probes=st.lists(st.integers(0, 100), max_size=6).map(lambda p: tuple(sorted(p))),
 )
 def test_decode_runs_reach_the_same_state_as_single_steps(
     block_size: int, num_blocks: int, batching: Batching, kv_policy: KVPolicy, caching: bool,
-    max_num_seqs: int, reqs: list[tuple[int, int, int]],
+    max_num_seqs: int, reqs: list[tuple[int, int, int]], probes: tuple[int, ...],
 ) -> None:
     config = SchedulerConfig(num_blocks=num_blocks, block_size=block_size, batching=batching, kv_policy=kv_policy,
                              enable_prefix_caching=caching, max_num_seqs=max_num_seqs, max_model_len=128,
@@ -70,7 +77,7 @@ def test_decode_runs_reach_the_same_state_as_single_steps(
         for i, (p, o, f) in enumerate(reqs)
     ]
     slow = _drive(config, specs, fast=False)
-    fast = _drive(config, specs, fast=True)
+    fast = _drive(config, specs, fast=True, probes=probes)
     assert max(fast) == max(slow)
     for steps, state in fast.items():
         assert state == slow[steps], f"state differs after {steps} steps"
@@ -88,3 +95,23 @@ def test_a_run_needs_a_steady_batch() -> None:
     sched.update(sched.schedule())
     sched.add_request(RequestSpec(2, 0.0, 10, 5))
     assert sched.steady_decode_steps() == 4  # batch full (max_num_seqs): the arrival cannot enter
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+@pytest.mark.parametrize("probes", [(), tuple(range(0, 101, 3)), (5, 40, 41, 97)])
+def test_long_runs_without_the_prefix_cache_hand_out_the_blocks_single_steps_do(
+    block_size: int, probes: tuple[int, ...],
+) -> None:
+    """Runs of many steps over a batch at mixed block offsets, applied in one go, a step or two at a time,
+    or in uneven windows: the blocks each request gets, and the order the pool hands them out, are those
+    of plain steps (every window size and every position of a run's last step against a block boundary)."""
+    rng = np.random.default_rng(block_size)
+    config = SchedulerConfig(num_blocks=4000, block_size=block_size, enable_prefix_caching=False, max_num_seqs=12,
+                             max_model_len=2048, max_num_batched_tokens=2048)
+    for trial in range(4):
+        specs = [RequestSpec(i, 0.0, int(rng.integers(1, 200)), int(rng.integers(2, 300))) for i in range(10)]
+        slow = _drive(config, specs, fast=False)
+        fast = _drive(config, specs, fast=True, probes=probes)
+        assert max(fast) == max(slow)
+        for steps, state in fast.items():
+            assert state == slow[steps], f"trial {trial}: state differs after {steps} steps"
