@@ -14,9 +14,11 @@ Standard library only.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
+    from mypy_extensions import i64  # compiled, a machine integer; plain int in Python
+
     from simulator.core.request import Request
     from simulator.core.scheduler import Scheduler
 
@@ -199,21 +201,22 @@ class DecodeRun:
         one block, so one pass over the batch finds a window's blocks; most windows are a single step (the
         run is applied as it goes), where that pass already lists them in order."""
         requests = self.requests
-        bs = self.block_size
-        n = self.batch
+        bs: i64 = self.block_size
         kv = self.scheduler.kv
-        base = self._counter_step + 1  # at = len(table) * block_size - (computed tokens at the run's start) + 1
-        low = following = self._next_block_step
-        while low <= step:
-            high = low + bs - 1
-            if high > step:
-                high = step
+        base: i64 = self._counter_step + 1  # at = len(table) * block_size - (computed tokens at the run's start) + 1
+        low: i64 = self._next_block_step
+        following: i64 = low
+        end: i64 = step
+        while low <= end:
+            high: i64 = low + bs - 1
+            if high > end:
+                high = end
             following = _NEVER
+            tables: list[list[int]] = []
             if low == high:
-                tables: list[list[int]] = []
                 for request in requests:
                     table = request.block_table
-                    at = len(table) * bs - request.num_computed_tokens + base
+                    at: i64 = len(table) * bs - request.num_computed_tokens + base
                     if at == low:
                         tables.append(table)
                         at += bs
@@ -221,24 +224,29 @@ class DecodeRun:
                         following = at
                 kv.append_blocks(tables)
             else:
-                keys: list[int] = []  # step * n + index: step order, then running order
-                ordered = True
-                last = -1
-                for index, request in enumerate(requests):
-                    at = len(request.block_table) * bs - request.num_computed_tokens + base
+                # In step order, running order within a step: a request found after others with a later
+                # step goes in before them (a few per window: plain inserts beat building keys to sort).
+                steps: list[int] = []  # each listed table's step (a run's steps: mostly cached small ints)
+                count = 0
+                for request in requests:
+                    table = request.block_table
+                    at = len(table) * bs - request.num_computed_tokens + base
                     if 1 <= at <= high:
-                        key = at * n + index
-                        if key < last:
-                            ordered = False
-                        last = key
-                        keys.append(key)
+                        position = count
+                        while position > 0 and steps[position - 1] > at:
+                            position -= 1
+                        if position == count:
+                            tables.append(table)
+                            steps.append(at)
+                        else:
+                            tables.insert(position, table)
+                            steps.insert(position, at)
+                        count += 1
                         at += bs
                     if 1 <= at < following:
                         following = at
-                if keys:
-                    if not ordered:
-                        keys.sort()
-                    kv.append_blocks([requests[key % n].block_table for key in keys])
+                if count:
+                    kv.append_blocks(tables)
             low = following
         self._next_block_step = following
 
@@ -263,5 +271,5 @@ class DecodeRun:
         return self.scheduler.retire_finished(self.requests)
 
 
-_NEVER = 1 << 60
+_NEVER: Final = 1 << 60
 """A step no run reaches (a short int in the compiled build, which holds up to 2**62 unboxed)."""

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64  # compiled, a machine integer; plain int in Python
 
 
 @dataclass(slots=True, init=False)
@@ -95,10 +99,11 @@ class Request:
         self.arrival_s = spec.arrival_s
         self.priority = spec.priority
         self.session_id = spec.session_id
-        self.num_prompt_tokens = spec.prompt_tokens
-        self.max_output_tokens = spec.output_tokens
-        self.num_output_tokens = 0
-        self.num_computed_tokens = 0
+        # Token counters as machine integers in the compiled build: the per-step paths do arithmetic on them.
+        self.num_prompt_tokens: i64 = spec.prompt_tokens
+        self.max_output_tokens: i64 = spec.output_tokens
+        self.num_output_tokens: i64 = 0
+        self.num_computed_tokens: i64 = 0
         self.num_cached_tokens = 0
         """Prompt tokens served from the prefix cache at first admission."""
         self.num_preemptions = 0
