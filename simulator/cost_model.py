@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import bisect
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from simulator.core.step import StepShape
 from simulator.profile import CommModel, Profile
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64  # compiled, a machine integer; plain int in Python
 
 
 def allreduce_time_s(num_bytes: float, tp: int, alpha_s: float, bus_bandwidth_Bps: float) -> float:
@@ -127,11 +131,18 @@ class CostModel:
 
     def step_time(self, shape: StepShape) -> float:
         """Seconds the replica's clock advances for this step; an empty step costs 0."""
-        b = shape.num_seqs
+        return self.time_of(shape.num_seqs, shape.num_new_tokens, shape.num_decode_seqs, shape.decode_context_sum,
+                            shape.num_prefill_tokens, shape.prefill_attention_pairs, shape.num_swap_tokens)
+
+    def time_of(self, num_seqs: int, num_new_tokens: int, num_decode_seqs: int, decode_context_sum: int,
+                num_prefill_tokens: int, prefill_attention_pairs: float, num_swap_tokens: int) -> float:
+        """``step_time`` of the shape with these fields (``step.shape_fields`` of a plan), without building it:
+        the simulator prices every step this way."""
+        b = num_seqs
         if b == 0:
-            return shape.num_swap_tokens * self._swap_per_token * self._factor
-        n = shape.num_new_tokens
-        if self._buckets and shape.num_prefill_tokens == 0:
+            return num_swap_tokens * self._swap_per_token * self._factor
+        n = num_new_tokens
+        if self._buckets and num_prefill_tokens == 0:
             padded = self._bucket(b)
             if padded != b:
                 b = n = padded
@@ -140,11 +151,11 @@ class CostModel:
         knee = math.pow(self._w_pow + math.pow(self._f * n, self._p), self._inv_p)
         dev = (
             self._a0 + knee + (self._m if n > 1 else 0.0) + self._s * b + (self._comm_fixed + self._comm_per_token * n)
-            + self._k * shape.decode_context_sum
-            + self._q * shape.prefill_attention_pairs
+            + self._k * decode_context_sum
+            + self._q * prefill_attention_pairs
         )
-        if shape.num_swap_tokens:
-            dev += shape.num_swap_tokens * self._swap_per_token
+        if num_swap_tokens:
+            dev += num_swap_tokens * self._swap_per_token
         host = self._h0 + self._hs * b + self._hn * n
         if self._overlap:
             return (dev if dev > host else host) * self._factor
@@ -197,8 +208,9 @@ class CostModel:
         t = start_s
         ctx = float(ctx_sum_start)  # whole numbers: exact in a double, as float(int) of each step's sum
         step_ctx = float(batch)
-        i = 0  # a while loop, not a range: compiled, a range loop boxes its index
-        while i < num_steps:
+        i: i64 = 0  # a while loop over a machine integer: compiled, a range loop boxes its index
+        count: i64 = num_steps
+        while i < count:
             dev = base + k * ctx + attn
             t += ((dev if dev > host else host) if overlap else dev + host) * factor  # the clock's one addition
             ends[i] = t

@@ -1,8 +1,9 @@
 """One simulated replica: the serving core's scheduler, with the clock advanced by a cost model.
 
 The replica runs the same ``core.Scheduler`` the real engine runs; where the engine would run the model,
-it schedules the end of the step ``CostModel.step_time(plan.shape)`` later on the SimPy clock and carries
-on when that event fires. One SimPy event per engine step (or per decode run on the fast path), never per
+it schedules the end of the step ``CostModel.step_time(plan.shape)`` later on the SimPy clock (priced from
+the shape's fields, ``time_of(*shape_fields(plan))``, without building it) and carries on when that event
+fires. One SimPy event per engine step (or per decode run on the fast path), never per
 token; an idle replica schedules nothing until work arrives.
 
 The replica is driven by callbacks rather than a SimPy process: each of its events (``_Wake``) calls one
@@ -16,7 +17,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Sequence
 from heapq import heappop, heappush
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import simpy
 from simpy.events import NORMAL, URGENT
@@ -25,9 +26,12 @@ from simulator.core.config import Batching, SchedulerConfig
 from simulator.core.decode_run import DecodeRun
 from simulator.core.request import Request, RequestSpec, RequestStatus
 from simulator.core.scheduler import Scheduler
-from simulator.core.step import StepPlan
+from simulator.core.step import StepPlan, shape_fields
 from simulator.cost_model import CostModel
 from simulator.metrics import ReplicaSeries, RequestLog
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64  # compiled, a machine integer; plain int in Python
 
 Callback = Callable[[Any], None]
 
@@ -162,11 +166,12 @@ def heap_push(queue: list[tuple[Any, ...]], entry: tuple[Any, ...]) -> None:
     _sift_toward_root(queue, len(queue) - 1, entry)
 
 
-def _sift_toward_root(queue: list[tuple[Any, ...]], pos: int, entry: tuple[Any, ...]) -> None:
-    """Put ``entry`` at ``pos`` or above, moving the later parents down (heapq's ``_siftdown``)."""
+def _sift_toward_root(queue: list[tuple[Any, ...]], start: int, entry: tuple[Any, ...]) -> None:
+    """Put ``entry`` at ``start`` or above, moving the later parents down (heapq's ``_siftdown``)."""
     at: float = entry[0]
     priority: int = entry[1]
     eid: int = entry[2]
+    pos: i64 = start
     while pos > 0:
         parent_pos = (pos - 1) >> 1
         parent = queue[parent_pos]
@@ -181,13 +186,13 @@ def heap_pop(queue: list[tuple[Any, ...]]) -> tuple[Any, ...]:
     """``heapq.heappop`` on SimPy's queue, native (see ``heap_push``): the same sift as heapq's, so the
     queue stays a valid heap for SimPy's own ``heappop``."""
     last = queue.pop()
-    size = len(queue)
+    size: i64 = len(queue)
     if size == 0:
         return last
     top = queue[0]
     # heapq's _siftup: move the smaller child up until a leaf, then sift ``last`` down from there.
-    pos = 0
-    child = 1
+    pos: i64 = 0
+    child: i64 = 1
     while child < size:
         right = child + 1
         if right < size:
@@ -217,8 +222,8 @@ def _bisect_left(ends: list[float], x: float) -> int:
 
 def search_right(values: list[float], x: float) -> int:
     """The index after the last element <= ``x`` of ascending ``values`` (``bisect.bisect_right``)."""
-    lo = 0
-    hi = len(values)
+    lo: i64 = 0
+    hi: i64 = len(values)
     while lo < hi:
         mid = (lo + hi) >> 1
         if x < values[mid]:
@@ -230,8 +235,8 @@ def search_right(values: list[float], x: float) -> int:
 
 def search_left(values: list[float], x: float) -> int:
     """The index of the first element >= ``x`` of ascending ``values`` (``bisect.bisect_left``)."""
-    lo = 0
-    hi = len(values)
+    lo: i64 = 0
+    hi: i64 = len(values)
     while lo < hi:
         mid = (lo + hi) >> 1
         if values[mid] < x:
@@ -437,7 +442,8 @@ class Replica:
         log = self.log
         for rid in plan.admitted_ids:
             log.on_scheduled(rid, start)
-        step_s = self.cost_model.step_time(plan.shape)
+        seqs, tokens, decodes, decode_ctx, prefill_tokens, pairs, swap = shape_fields(plan)
+        step_s = self.cost_model.time_of(seqs, tokens, decodes, decode_ctx, prefill_tokens, pairs, swap)
         self._plan = plan
         self._step_s = step_s
         self.clock.at(start + step_s, self._step_end_callbacks)

@@ -34,25 +34,26 @@ class DecodeRun:
 
     def __init__(self, scheduler: Scheduler, num_steps: int) -> None:
         self.scheduler = scheduler
-        self.block_size = scheduler.block_size
+        self.block_size: i64 = scheduler.block_size
         self._caching = scheduler.kv.enable_caching
         self.requests: list[Request] = []
         self._progressions: list[int] = []
         self._first_cycle: list[int] = []
         self._cursor_cycle = 0
         self._cursor_position = 0
-        self._next_block_step = _NEVER
+        self._next_block_step: i64 = _NEVER
         self.restart(num_steps)
 
     def restart(self, num_steps: int) -> None:
         """Begin a new run of ``num_steps`` steps of the scheduler's current running set, reusing this
         object (a replica starts a run per arrival or completion)."""
         requests = self.requests = list(self.scheduler.running)  # a fresh copy: cheaper than refilling in place
-        self.num_steps = num_steps
-        self.num_done = 0
-        self.batch = len(requests)
-        self._counter_step = 0
+        self.num_steps: i64 = num_steps
+        self.num_done: i64 = 0
+        self.batch: i64 = len(requests)
+        self._counter_step: i64 = 0
         """The run step every request's token counters stand at (all move together: ``set_counters``)."""
+        ctx_sum: i64 = 0
         if self._caching:
             ctx_sum = self._index_events(num_steps)
         else:
@@ -62,8 +63,7 @@ class DecodeRun:
             # That step is read off the request's table as the run goes (``_append_blocks_until``); here only
             # the earliest of them is kept, so that steps before it cost nothing.
             bs = self.block_size
-            ctx_sum = 0
-            next_block_step = _NEVER
+            next_block_step: i64 = _NEVER
             for request in requests:
                 computed = request.num_computed_tokens
                 ctx_sum += computed
@@ -71,7 +71,7 @@ class DecodeRun:
                 if 1 <= first < next_block_step:
                     next_block_step = first
             self._next_block_step = next_block_step
-        self.ctx_sum_start = ctx_sum + self.batch
+        self.ctx_sum_start: i64 = ctx_sum + self.batch
         """Context sum of the first step: every request attends to its computed tokens plus the new one."""
 
     def _index_events(self, num_steps: int) -> int:
@@ -201,11 +201,11 @@ class DecodeRun:
         one block, so one pass over the batch finds a window's blocks; most windows are a single step (the
         run is applied as it goes), where that pass already lists them in order."""
         requests = self.requests
-        bs: i64 = self.block_size
+        bs = self.block_size
         kv = self.scheduler.kv
-        base: i64 = self._counter_step + 1  # at = len(table) * block_size - (computed tokens at the run's start) + 1
-        low: i64 = self._next_block_step
-        following: i64 = low
+        base = self._counter_step + 1  # at = len(table) * block_size - (computed tokens at the run's start) + 1
+        low = self._next_block_step
+        following = low
         end: i64 = step
         while low <= end:
             high: i64 = low + bs - 1

@@ -9,9 +9,12 @@ Standard library only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, NamedTuple, cast
+from typing import TYPE_CHECKING, Final, NamedTuple, cast
 
 from simulator.core.request import Request
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64  # compiled, a machine integer; plain int in Python
 
 
 class StepShape(NamedTuple):
@@ -121,29 +124,39 @@ class StepPlan:
 
 
 def compute_shape(plan: StepPlan) -> StepShape:
-    num_decode = 0
-    decode_ctx = 0
-    prefill_tokens = 0
+    # Built with tuple.__new__: a named tuple's own __new__ is generated Python code, interpreted even when
+    # this module is compiled.
+    return cast(StepShape, _TUPLE_NEW(_STEP_SHAPE, shape_fields(plan)))
+
+
+def shape_fields(plan: StepPlan) -> tuple[int, int, int, int, int, float, int]:
+    """The plan's ``StepShape`` fields, in order, as a plain tuple: compiled, returned by value with
+    nothing allocated (the simulator prices each step from them: ``CostModel.time_of``)."""
+    num_decode: i64 = 0
+    decode_ctx: i64 = 0
+    prefill_tokens: i64 = 0
     pairs = 0.0
     new = plan.num_new_tokens
     computed = plan.num_computed_tokens
-    for i in range(plan.num_rows()):  # indexed: compiled, zip(strict=True) is a slow generic call
-        n = new[i]
-        p = computed[i]
+    rows: i64 = plan.num_rows()
+    i: i64 = 0
+    while i < rows:  # indexed: compiled, zip(strict=True) is a slow generic call
+        n: i64 = new[i]
+        p: i64 = computed[i]
         if n == 1:
             num_decode += 1
             decode_ctx += p
         else:
             prefill_tokens += n
-            pairs += n * (p + n / 2)
+            tokens = float(n)  # the float arithmetic n * (p + n / 2) does, spelled out for machine integers
+            pairs += tokens * (float(p) + tokens / 2)
+        i += 1
     swap = 0
     if plan.swapped_out or plan.swapped_in:
         swap = sum(op.num_tokens for op in plan.swapped_out) + sum(op.num_tokens for op in plan.swapped_in)
-    # Each decode row attends to its computed tokens plus the new one. Built with tuple.__new__: a named
-    # tuple's own __new__ is generated Python code, interpreted even when this module is compiled.
-    values = (len(plan.requests), num_decode + prefill_tokens, num_decode, decode_ctx + num_decode, prefill_tokens,
-              pairs, swap)
-    return cast(StepShape, _TUPLE_NEW(_STEP_SHAPE, values))
+    # Each decode row attends to its computed tokens plus the new one.
+    return (len(plan.requests), num_decode + prefill_tokens, num_decode, decode_ctx + num_decode, prefill_tokens,
+            pairs, swap)
 
 
 # Final: compiled, each is a constant rather than a lookup in the module's globals per call.
