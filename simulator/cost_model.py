@@ -65,7 +65,7 @@ class CostModel:
         self._f = dev.per_token_s
         self._p = dev.knee_p
         self._inv_p = 1.0 / dev.knee_p
-        self._w_pow = dev.weight_s**dev.knee_p
+        self._w_pow: float = dev.weight_s**dev.knee_p  # typed: a float power is Any to mypy (a generic add compiled)
         self._k = dev.per_ctx_token_s
         self._q = dev.per_attn_pair_s
         self._s = dev.per_seq_s

@@ -45,9 +45,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 from pydantic import ValidationError
 
+from simulator import yaml_text
 from simulator.errors import ConfigError
 from simulator.metrics import SLO, MetricCI, Summary, round_sig, summaries_with_ci
 from simulator.profile import config_error_from_validation
@@ -211,7 +211,7 @@ def parse_slo(text: str) -> SLO:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"expected key=value, got {item!r}", field="--slo")
-        values[SLO_ALIASES.get(key.strip(), key.strip())] = yaml.safe_load(value)
+        values[SLO_ALIASES.get(key.strip(), key.strip())] = yaml_text.safe_load(value)
     try:
         return SLO.model_validate(values)
     except ValidationError as err:
@@ -224,7 +224,7 @@ def parse_search(items: Iterable[str]) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {}
     for item in items:
         key, sep, text = item.partition("=")
-        values = [yaml.safe_load(v) for v in text.split(",") if v.strip()]
+        values = [yaml_text.safe_load(v) for v in text.split(",") if v.strip()]
         if not sep or not key.strip() or not values:
             raise ConfigError(f"expected key.path=v1,v2,..., got {item!r}", field="--search")
         if key.strip() == "fleet.replicas":

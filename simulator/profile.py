@@ -11,6 +11,7 @@ and the field.
 from __future__ import annotations
 
 import difflib
+import functools
 import types
 import typing
 from enum import StrEnum
@@ -20,6 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from simulator import yaml_text
 from simulator.errors import ConfigError
 
 SCHEMA_VERSION: Literal[1] = 1
@@ -293,7 +295,7 @@ def load_hardware(path: str | Path | None = None) -> dict[str, Accelerator]:
     """All accelerators of the datasheet table, by short name."""
     path = Path(path) if path is not None else hardware_path()
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml_text.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as err:
         raise ConfigError(f"cannot read hardware table: {err}", file=path) from None
     try:
@@ -350,10 +352,21 @@ def resolve_profile_path(name_or_path: str | Path) -> Path:
 
 
 def load_profile(name_or_path: str | Path) -> Profile:
-    """Load and validate a profile by shipped name (file stem) or by path."""
+    """Load and validate a profile by shipped name (file stem) or by path. A file is read and validated
+    once per version (its size and modification time): a sweep or a notebook loads the same profile for
+    every run, and profiles are immutable."""
     path = resolve_profile_path(name_or_path)
     try:
-        data = yaml.safe_load(path.read_text())
+        stat = path.stat()
+    except OSError as err:
+        raise ConfigError(f"cannot read profile: {err.strerror or err}", file=path) from None
+    return _load_profile_file(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=32)
+def _load_profile_file(path: Path, mtime_ns: int, size: int) -> Profile:
+    try:
+        data = yaml_text.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise ConfigError(f"not valid YAML: {err}", file=path) from None
     return parse_profile(data, file=path)

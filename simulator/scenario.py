@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from simulator import yaml_text
 from simulator.core.config import Batching, KVPolicy, Preemption, QueuePolicy, SchedulerConfig
 from simulator.core.presets import PRESETS
 from simulator.errors import ConfigError
@@ -179,7 +180,7 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
     except OSError as err:
         raise ConfigError(f"cannot read scenario: {err.strerror}", file=path) from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml_text.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
@@ -227,7 +228,7 @@ def apply_override(raw: dict[str, Any], item: str, *, file: Path | None = None) 
     if not sep or not key.strip():
         raise ConfigError(f"--set expects key.path=value, got {item!r}", file=file)
     try:
-        value = yaml.safe_load(text)
+        value = yaml_text.safe_load(text)
     except yaml.YAMLError:
         value = text
     return deep_merge(raw, expand_dotted({key.strip(): value}))

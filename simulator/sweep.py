@@ -41,6 +41,7 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from simulator import yaml_text
 from simulator.errors import ConfigError
 from simulator.profile import config_error_from_validation
 from simulator.scenario import deep_merge, expand_dotted
@@ -108,7 +109,7 @@ def load_grid(path: str | Path) -> tuple[GridFile, dict[str, Any], Path]:
     """(the grid, the scenario's raw mapping with ``set:`` applied, the scenario path)."""
     path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml_text.safe_load(path.read_text())
     except OSError as err:
         raise ConfigError(f"cannot read grid: {err.strerror}", file=path) from None
     except yaml.YAMLError as err:
@@ -124,7 +125,7 @@ def load_grid(path: str | Path) -> tuple[GridFile, dict[str, Any], Path]:
             raise ConfigError("a grid axis needs at least one value", file=path, field=f"grid.{key}")
     scenario_path = (path.parent / grid.scenario).resolve()
     try:
-        raw = yaml.safe_load(scenario_path.read_text())
+        raw = yaml_text.safe_load(scenario_path.read_text())
     except OSError as err:
         raise ConfigError(f"cannot read scenario {scenario_path}: {err.strerror}", file=path,
                           field="scenario") from None
@@ -280,7 +281,7 @@ def sweep(
     if isinstance(grid, Mapping):
         spec = GridFile.model_validate(dict(grid))
         scenario_path = Path(spec.scenario).resolve()
-        raw = deep_merge(yaml.safe_load(scenario_path.read_text()), expand_dotted(spec.overrides))
+        raw = deep_merge(yaml_text.safe_load(scenario_path.read_text()), expand_dotted(spec.overrides))
     else:
         spec, raw, scenario_path = load_grid(grid)
     tasks = build_tasks(raw, spec.grid, spec.seeds, source=scenario_path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,19 @@ def test_every_shipped_profile_loads_and_is_labelled() -> None:
 
 def test_load_by_path_equals_load_by_name() -> None:
     assert load_profile(profiles_dir() / f"{DEFAULT}.yaml") == load_profile(DEFAULT)
+
+
+def test_a_profile_file_is_read_once_per_version(tmp_path: Path) -> None:
+    """Runs of a sweep share one validated profile; editing the file is seen at the next load."""
+    data = _data()
+    path = _write(tmp_path, data)
+    first = load_profile(path)
+    assert load_profile(path) is first
+    data["name"] = "edited"
+    path.write_text(yaml.safe_dump(data))
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000))  # even on a coarse clock
+    edited = load_profile(path)
+    assert edited.name == "edited" and first.name != "edited"
 
 
 def test_yaml_round_trip(tmp_path: Path) -> None:
