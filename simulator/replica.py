@@ -57,12 +57,18 @@ class _Wake:
 class EventIds:
     """SimPy's event-id counter (``Environment._eid``, an ``itertools.count``) as a native iterator: the
     replicas take an id per event through ``take``, a direct call in the compiled build (``next`` on the
-    ``itertools.count`` is a generic call there), and SimPy's own ``next(env._eid)`` still works."""
+    ``itertools.count`` is a generic call there), and SimPy's own ``next(env._eid)`` still works.
 
-    __slots__ = ("next_id",)
+    While ``run_until`` drives the environment (``live``), it also keeps the clock here (``now``, equal to
+    ``env.now``): the replicas read the time several times per event, and ``env._now`` is an attribute of
+    an interpreted object (a dictionary lookup each time, compiled)."""
+
+    __slots__ = ("live", "next_id", "now")
 
     def __init__(self, start: int) -> None:
         self.next_id = start
+        self.now = 0.0
+        self.live = False
 
     def __iter__(self) -> EventIds:
         return self
@@ -85,17 +91,13 @@ class Clock:
     def __init__(self, env: simpy.Environment) -> None:
         self.env = env
         self._queue: list[tuple[Any, ...]] = env._queue  # (time, priority, id, event): see heap_push
-        current: Any = env._eid
-        if isinstance(current, EventIds):
-            eids = current
-        else:
-            # Continue SimPy's count from its next id: every event keeps a unique, increasing id.
-            eids = EventIds(next(current))
-            env._eid = eids  # type: ignore[assignment]  # an iterator of ints, as SimPy needs
-        self._eid = eids
+        self._eid = event_ids(env)
 
     def now(self) -> float:
-        """``env.now`` without the property call."""
+        """``env.now`` without the property call (nor, inside ``run_until``, the attribute lookup)."""
+        eids = self._eid
+        if eids.live:
+            return eids.now
         return self.env._now
 
     def at(self, at_s: float, callbacks: list[Callback]) -> _Wake:
@@ -133,6 +135,17 @@ class Clock:
                 event.callbacks = []
                 return self.at(at_s, callbacks)
         raise RuntimeError("move_earlier: the event is not on the queue (it has fired)")
+
+
+def event_ids(env: simpy.Environment) -> EventIds:
+    """The environment's ``EventIds``, installed in place of SimPy's counter on first use (continuing its
+    count from its next id: every event keeps a unique, increasing id)."""
+    current: Any = env._eid
+    if isinstance(current, EventIds):
+        return current
+    eids = EventIds(next(current))
+    env._eid = eids  # type: ignore[assignment]  # an iterator of ints, as SimPy needs
+    return eids
 
 
 _NORMAL: Final = 1
@@ -258,6 +271,7 @@ def run_until(env: simpy.Environment, until: float | None = None) -> int:
     of events processed (what ``Environment.step`` would have been called for).
     """
     queue: list[tuple[Any, ...]] = env._queue  # (time, priority, id, event): see heap_push
+    eids = event_ids(env)
     bounded = until is not None
     stop: tuple[Any, ...] = ()
     if until is not None:
@@ -265,31 +279,39 @@ def run_until(env: simpy.Environment, until: float | None = None) -> int:
         if not until > now:
             raise ValueError(f"until (={until}) must be greater than the current simulation time ({now})")
         # The key SimPy's until-event would have: now plus a delay, urgent, the next id.
-        stop = (now + (until - now), _URGENT, next(env._eid))
+        stop = (now + (until - now), _URGENT, eids.take())
     step = env.step
     processed = 0
-    while queue:
-        head = queue[0]
-        at: float = head[0]
-        event = head[3]
-        if bounded and not _earlier(at, head[1], head[2], stop):
-            break
-        processed += 1
-        if type(event) is _Wake:
-            if _COMPILED:
-                heap_pop(queue)
+    was_live = eids.live
+    eids.now = env._now
+    eids.live = True
+    try:
+        while queue:
+            head = queue[0]
+            at: float = head[0]
+            event = head[3]
+            if bounded and not _earlier(at, head[1], head[2], stop):
+                break
+            processed += 1
+            eids.now = at  # the clock at this event, for SimPy's own events too (their callbacks may read it)
+            if type(event) is _Wake:
+                if _COMPILED:
+                    heap_pop(queue)
+                else:
+                    heappop(queue)
+                env._now = at
+                callbacks = event.callbacks
+                event.callbacks = None
+                if callbacks:
+                    for callback in callbacks:
+                        callback(event)
             else:
-                heappop(queue)
-            env._now = at
-            callbacks = event.callbacks
-            event.callbacks = None
-            if callbacks:
-                for callback in callbacks:
-                    callback(event)
-        else:
-            step()
-    if bounded:
-        env._now = stop[0]
+                step()
+        if bounded:
+            env._now = stop[0]
+    finally:
+        eids.live = was_live
+        eids.now = env._now
     return processed
 
 

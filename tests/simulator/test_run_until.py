@@ -49,7 +49,8 @@ def _fleet(fast_path: bool, seed: int) -> tuple[simpy.Environment, RequestLog, l
         """An ordinary SimPy process: it reads the replicas between their own events."""
         for _ in range(200):  # bounded: with until=None the run ends when the queue empties
             yield env.timeout(0.037)
-            visits.append((f"load {replicas[0].load} {replicas[1].load}", env.now))
+            # kv_used_frac applies the decode-run steps that have ended by now: it reads the replica's clock
+            visits.append((f"load {replicas[0].load} {replicas[1].load} kv {replicas[0].kv_used_frac!r}", env.now))
 
     def urgent_at(at_s: float) -> None:
         event = simpy.Event(env)
