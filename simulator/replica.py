@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Sequence
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush, heapreplace
 from typing import TYPE_CHECKING, Any, Final
 
 import simpy
@@ -63,18 +63,28 @@ class EventIds:
     ``env.now``): the replicas read the time several times per event, and ``env._now`` is an attribute of
     an interpreted object (a dictionary lookup each time, compiled)."""
 
-    __slots__ = ("live", "next_id", "now")
+    __slots__ = ("dispatching", "live", "next_id", "now")
 
     def __init__(self, start: int) -> None:
         self.next_id = start
         self.now = 0.0
         self.live = False
+        self.dispatching: tuple[Any, ...] | None = None
+        """The queue entry whose callbacks ``run_until`` is running, still at the head of the queue: the
+        first event scheduled meanwhile (``Clock.at``) takes its place there (one sift, as
+        ``heapq.heapreplace``, instead of a pop and a push); if none is, it is popped afterwards."""
 
     def __iter__(self) -> EventIds:
         return self
 
     def __next__(self) -> Any:  # an object, not an int: mypyc's tp_iternext slot returns an object
         return self.take()
+
+    def release(self) -> tuple[Any, ...] | None:
+        """The entry ``run_until`` is dispatching if no event has taken its place yet (cleared)."""
+        entry = self.dispatching
+        self.dispatching = None
+        return entry
 
     def take(self) -> int:
         eid = self.next_id
@@ -106,11 +116,20 @@ class Clock:
         ``Timeout`` gets — without the ``now + delay`` rounding, so a decode run ends exactly at its last
         step's accumulated end time."""
         event = _Wake(callbacks)
-        entry = (at_s, _NORMAL, self._eid.take(), event)
-        if _COMPILED:
-            heap_push(self._queue, entry)
+        eids = self._eid
+        entry = (at_s, _NORMAL, eids.take(), event)
+        queue = self._queue
+        dispatching = eids.dispatching
+        if dispatching is not None and queue[0] is dispatching:
+            eids.dispatching = None
+            if _COMPILED:
+                heap_replace(queue, entry)
+            else:
+                heapreplace(queue, entry)
+        elif _COMPILED:
+            heap_push(queue, entry)
         else:
-            heappush(self._queue, entry)
+            heappush(queue, entry)
         return event
 
     def move_earlier(self, event: _Wake, at_s: float) -> _Wake:
@@ -199,10 +218,23 @@ def heap_pop(queue: list[tuple[Any, ...]]) -> tuple[Any, ...]:
     """``heapq.heappop`` on SimPy's queue, native (see ``heap_push``): the same sift as heapq's, so the
     queue stays a valid heap for SimPy's own ``heappop``."""
     last = queue.pop()
-    size: i64 = len(queue)
-    if size == 0:
+    if not queue:
         return last
     top = queue[0]
+    _replace_head(queue, last)
+    return top
+
+
+def heap_replace(queue: list[tuple[Any, ...]], entry: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``heapq.heapreplace`` on SimPy's queue, native: pop the head and push ``entry`` in one sift."""
+    top = queue[0]
+    _replace_head(queue, entry)
+    return top
+
+
+def _replace_head(queue: list[tuple[Any, ...]], last: tuple[Any, ...]) -> None:
+    """Put ``last`` in the head's place and restore the heap (heapq's ``_siftup`` from the root)."""
+    size: i64 = len(queue)
     # heapq's _siftup: move the smaller child up until a leaf, then sift ``last`` down from there.
     pos: i64 = 0
     child: i64 = 1
@@ -219,7 +251,21 @@ def heap_pop(queue: list[tuple[Any, ...]]) -> tuple[Any, ...]:
         pos = child
         child = 2 * pos + 1
     _sift_toward_root(queue, pos, last)
-    return top
+
+
+def _drop(queue: list[tuple[Any, ...]], entry: tuple[Any, ...]) -> None:
+    """Take ``entry`` off the queue: the head (almost always), or wherever an urgent event pushed it."""
+    if queue[0] is entry:
+        if _COMPILED:
+            heap_pop(queue)
+        else:
+            heappop(queue)
+        return
+    for pos in range(len(queue)):
+        if queue[pos] is entry:
+            del queue[pos]
+            heapify(queue)
+            return
 
 
 def _bisect_right(ends: list[float], x: float) -> int:
@@ -295,16 +341,20 @@ def run_until(env: simpy.Environment, until: float | None = None) -> int:
             processed += 1
             eids.now = at  # the clock at this event, for SimPy's own events too (their callbacks may read it)
             if type(event) is _Wake:
-                if _COMPILED:
-                    heap_pop(queue)
-                else:
-                    heappop(queue)
                 env._now = at
                 callbacks = event.callbacks
                 event.callbacks = None
                 if callbacks:
+                    # Popped after its callbacks: the first event they schedule takes its place.
+                    eids.dispatching = head
                     for callback in callbacks:
                         callback(event)
+                    if eids.release() is not None:  # a method: compiled, the attribute stays typed as optional
+                        _drop(queue, head)
+                elif _COMPILED:
+                    heap_pop(queue)
+                else:
+                    heappop(queue)
             else:
                 step()
         if bounded:
@@ -312,6 +362,9 @@ def run_until(env: simpy.Environment, until: float | None = None) -> int:
     finally:
         eids.live = was_live
         eids.now = env._now
+        dispatching = eids.release()
+        if dispatching is not None:  # a callback raised: leave the queue as SimPy would have it
+            _drop(queue, dispatching)
     return processed
 
 
