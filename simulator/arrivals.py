@@ -15,7 +15,7 @@ import simpy
 
 from simulator.core.request import RequestSpec
 from simulator.metrics import RequestLog
-from simulator.replica import Clock, Replica
+from simulator.replica import Clock, Replica, Wake
 
 RouteFn = Callable[[RequestSpec, float], int]
 """route(spec, now) -> index of the replica that receives it."""
@@ -56,9 +56,11 @@ class ArrivalFeed:
         self._position = 0
         self._next: RequestSpec | None = self._pull()
         self._callbacks: list[Callable[[object], None]] = [self._on_arrival]
-        """Every arrival event's callbacks (built once: see ``replica._Wake``)."""
+        """Every arrival event's callbacks (built once: see ``replica.Wake``)."""
+        self._event: Wake | None = None
+        """The pending (or last) arrival event: one at a time, each reusing the last once fired."""
         if self._next is not None:
-            self.clock.at(max(self._next.arrival_s, env.now), self._callbacks)
+            self._event = self.clock.at(max(self._next.arrival_s, env.now), self._callbacks)
 
     def _on_arrival(self, event: object) -> None:
         """Dispatch every request due now, then schedule the next arrival."""
@@ -80,7 +82,7 @@ class ArrivalFeed:
             spec = self._pull()
         self._next = spec
         if spec is not None:
-            self.clock.at(spec.arrival_s, self._callbacks)
+            self._event = self.clock.at(spec.arrival_s, self._callbacks, self._event)
 
     def _pull(self) -> RequestSpec | None:
         """The next spec, or None when there are no more. Taken from the iterator a block at a time: in the

@@ -6,7 +6,7 @@ the shape's fields, ``time_of(*shape_fields(plan))``, without building it) and c
 fires. One SimPy event per engine step (or per decode run on the fast path), never per
 token; an idle replica schedules nothing until work arrives.
 
-The replica is driven by callbacks rather than a SimPy process: each of its events (``_Wake``) calls one
+The replica is driven by callbacks rather than a SimPy process: each of its events (``Wake``) calls one
 of its methods directly when SimPy's ``Environment.step`` pops it. That is exactly what a process does on
 a yield (SimPy resumes it from the event's callback), without a generator, a ``Timeout`` object and the
 process's resume bookkeeping per step — on the simulator's hottest path.
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 Callback = Callable[[Any], None]
 
 
-class _Wake:
+class Wake:
     """An event on SimPy's queue that calls back one replica method. SimPy's ``Environment.step`` reads
     an event's ``callbacks`` (then sets them to None) and ``_ok``, and calls each callback with the event;
     this is all a ``simpy.Event`` needs to be for that. A cut decode run moves its end event earlier on
@@ -45,7 +45,8 @@ class _Wake:
 
     ``callbacks`` is a list its owner built once and hands to every event of one kind (SimPy and
     ``run_until`` only ever replace an event's list, never change one): no bound method and no list is
-    made per event."""
+    made per event. Nor an event per event: each owner (a replica, the arrival feed) has one pending at a
+    time and schedules the next with the last one once it has fired (``Clock.at``'s ``reuse``)."""
 
     __slots__ = ("_ok", "callbacks")
 
@@ -110,12 +111,17 @@ class Clock:
             return eids.now
         return self.env._now
 
-    def at(self, at_s: float, callbacks: list[Callback]) -> _Wake:
-        """Schedule ``callbacks`` (a list built once per kind of event, see ``_Wake``) at the absolute
+    def at(self, at_s: float, callbacks: list[Callback], reuse: Wake | None = None) -> Wake:
+        """Schedule ``callbacks`` (a list built once per kind of event, see ``Wake``) at the absolute
         time ``at_s`` (>= now): what ``Environment.schedule`` does with priority NORMAL — the order a
         ``Timeout`` gets — without the ``now + delay`` rounding, so a decode run ends exactly at its last
-        step's accumulated end time."""
-        event = _Wake(callbacks)
+        step's accumulated end time. ``reuse``: the caller's previous event, taken again if it has fired
+        (its callbacks are None from then on; a pending event, or a cut run's no-op, is never reused)."""
+        if reuse is not None and reuse.callbacks is None:
+            event = reuse
+            event.callbacks = callbacks
+        else:
+            event = Wake(callbacks)
         eids = self._eid
         entry = (at_s, _NORMAL, eids.take(), event)
         queue = self._queue
@@ -132,7 +138,7 @@ class Clock:
             heappush(queue, entry)
         return event
 
-    def move_earlier(self, event: _Wake, at_s: float) -> _Wake:
+    def move_earlier(self, event: Wake, at_s: float) -> Wake:
         """Reschedule a pending ``event`` at ``at_s`` (<= its time) as if it were scheduled now (with a
         new id, so ties order as they would for a new event); returns the event that now fires. Strictly
         earlier, the entry is replaced in place and sifted toward the root: a cut decode run moves its end
@@ -306,10 +312,10 @@ def search_left(values: list[float], x: float) -> int:
 
 
 def run_until(env: simpy.Environment, until: float | None = None) -> int:
-    """``env.run(until)``, with the replicas' and the arrival feed's events (``_Wake``) dispatched here.
+    """``env.run(until)``, with the replicas' and the arrival feed's events (``Wake``) dispatched here.
 
     Exactly SimPy's loop: pop the earliest (time, priority, id) entry, set the clock, call the event's
-    callbacks. A ``_Wake`` at the head is handled inline (compiled, this is the simulator's innermost
+    callbacks. A ``Wake`` at the head is handled inline (compiled, this is the simulator's innermost
     loop, and ``Environment.step`` is interpreted Python); any other event (a process, a timeout someone
     scheduled) goes through ``env.step()`` itself, so a fleet can mix in ordinary SimPy processes.
     ``until`` stops the clock where SimPy's urgent until-event would: before the events due at ``until``
@@ -340,7 +346,7 @@ def run_until(env: simpy.Environment, until: float | None = None) -> int:
                 break
             processed += 1
             eids.now = at  # the clock at this event, for SimPy's own events too (their callbacks may read it)
-            if type(event) is _Wake:
+            if type(event) is Wake:
                 env._now = at
                 callbacks = event.callbacks
                 event.callbacks = None
@@ -414,7 +420,9 @@ class Replica:
         """The decode run in flight on the fast path."""
         self._run: _ActiveRun | None = None
         """The replica's decode run, reused from one run to the next (None before the first)."""
-        # Each kind of event's callbacks, built once (see ``_Wake``).
+        self._event: Wake | None = None
+        """The replica's last event: at most one is pending at a time, so each next one reuses it once fired."""
+        # Each kind of event's callbacks, built once (see ``Wake``).
         self._wake_callbacks: list[Callback] = [self._on_wake]
         self._step_end_callbacks: list[Callback] = [self._on_step_end]
         self._run_end_callbacks: list[Callback] = [self._on_run_end]
@@ -464,7 +472,7 @@ class Replica:
             # Wake up after the events already due now (a process woken by an event does the same), so
             # that every request arriving at this instant is there for the first step.
             self._idle = False
-            self.clock.at(self.clock.now(), self._wake_callbacks)
+            self._event = self.clock.at(self.clock.now(), self._wake_callbacks, self._event)
             return
         active = self._run_state
         if active is not None and active.cut_on_arrival and not active.cut:
@@ -503,7 +511,7 @@ class Replica:
                 active.restart(ends, start, self._cut_possible and run.batch < self._max_num_seqs)
                 self._run_state = active
                 active.advance(start)  # the first step is scheduled now
-                active.event = self.clock.at(ends[-1], self._run_end_callbacks)
+                active.event = self._event = self.clock.at(ends[-1], self._run_end_callbacks, self._event)
                 return
         plan = scheduler.schedule()
         if self.on_plan is not None:
@@ -521,7 +529,7 @@ class Replica:
         step_s = self.cost_model.time_of(seqs, tokens, decodes, decode_ctx, prefill_tokens, pairs, swap)
         self._plan = plan
         self._step_s = step_s
-        self.clock.at(start + step_s, self._step_end_callbacks)
+        self._event = self.clock.at(start + step_s, self._step_end_callbacks, self._event)
 
     def _on_step_end(self, event: object) -> None:
         """One step of the step-by-step path ended: account it, log its tokens, sample, go on."""
@@ -584,7 +592,7 @@ class _ActiveRun:
         self.cut_on_arrival = False
         self.cut = False
         self.num_sampled = 0
-        self.event: _Wake | None = None
+        self.event: Wake | None = None
         """The event that ends the run: at the end of its last step."""
 
     def restart(self, ends: list[float], start: float, cut_on_arrival: bool) -> None:

@@ -165,3 +165,23 @@ def test_moving_an_event_earlier_keeps_the_queue_a_heap(times: list[float], data
     assert fired == [i for _, _, i in expected]
     with pytest.raises(RuntimeError, match="not on the queue"):
         clock.move_earlier(events[index], 0.0)
+
+
+def test_an_event_is_reused_only_once_it_has_fired() -> None:
+    """Clock.at's reuse takes the caller's last event again only after it fired: never a pending one, nor
+    the no-op a same-time move leaves on the queue, which would then fire the new callbacks early."""
+    env = simpy.Environment()
+    clock = Replica(env, 0, SchedulerConfig(num_blocks=8), CostModel(load_profile(PROFILE)), RequestLog(1),
+                    ReplicaSeries(0, 1.0)).clock
+    fired: list[tuple[str, float]] = []
+    first = clock.at(1.0, [lambda _e: fired.append(("first", env.now))])
+    second = clock.at(2.0, [lambda _e: fired.append(("second", env.now))], reuse=first)
+    assert second is not first  # first is still pending
+    run_until(env, 1.5)
+    third = clock.at(3.0, [lambda _e: fired.append(("third", env.now))], reuse=first)
+    assert third is first  # fired: taken again, with its new callbacks
+    moved = clock.move_earlier(second, 2.0)  # same time: second stays queued as a no-op
+    fourth = clock.at(4.0, [lambda _e: fired.append(("fourth", env.now))], reuse=second)
+    assert fourth is not second and moved is not second
+    run_until(env)
+    assert fired == [("first", 1.0), ("second", 2.0), ("third", 3.0), ("fourth", 4.0)]
