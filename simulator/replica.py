@@ -3,8 +3,8 @@
 The replica runs the same ``core.Scheduler`` the real engine runs; where the engine would run the model,
 it schedules the end of the step ``CostModel.step_time(plan.shape)`` later on the SimPy clock (priced from
 the shape's fields, ``time_of(*shape_fields(plan))``, without building it) and carries on when that event
-fires. One SimPy event per engine step (or per decode run on the fast path), never per
-token; an idle replica schedules nothing until work arrives.
+fires. One SimPy event per engine step (or per decode run on the fast path), never per token; an idle
+replica schedules nothing until work arrives.
 
 The replica is driven by callbacks rather than a SimPy process: each of its events (``Wake``) calls one
 of its methods directly when SimPy's ``Environment.step`` pops it. That is exactly what a process does on
