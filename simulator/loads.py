@@ -8,7 +8,10 @@ Standard library only.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64  # compiled, a machine integer; plain int in Python
 
 _COMPILED: Final = not __file__.endswith(".py")
 """This module runs as the compiled build, not as its source."""
@@ -24,14 +27,17 @@ def least_loaded_index(loads: list[int]) -> int:
 
 
 def first_min_index(values: list[int]) -> int:
-    """Index of the first smallest of ``values`` (not empty), in one loop."""
-    best = 0
-    lowest = values[0]
-    for i in range(1, len(values)):
-        value = values[i]
+    """Index of the first smallest of ``values`` (not empty), in one loop over machine integers."""
+    best: i64 = 0
+    lowest: i64 = values[0]
+    count: i64 = len(values)
+    i: i64 = 1
+    while i < count:
+        value: i64 = values[i]
         if value < lowest:
             lowest = value
             best = i
+        i += 1
     return best
 
 
