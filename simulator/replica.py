@@ -357,10 +357,8 @@ def run_until(env: simpy.Environment, until: float | None = None) -> int:
                         callback(event)
                     if eids.release() is not None:  # a method: compiled, the attribute stays typed as optional
                         _drop(queue, head)
-                elif _COMPILED:
-                    heap_pop(queue)
                 else:
-                    heappop(queue)
+                    _drop(queue, head)  # a cut run's no-op
             else:
                 step()
         if bounded:
@@ -421,7 +419,8 @@ class Replica:
         self._run: _ActiveRun | None = None
         """The replica's decode run, reused from one run to the next (None before the first)."""
         self._event: Wake | None = None
-        """The replica's last event: at most one is pending at a time, so each next one reuses it once fired."""
+        """The replica's last event: at most one is pending at a time (in a decode run, the run's end, which a
+        cut moves), and each next one reuses it once fired."""
         # Each kind of event's callbacks, built once (see ``Wake``).
         self._wake_callbacks: list[Callback] = [self._on_wake]
         self._step_end_callbacks: list[Callback] = [self._on_step_end]
@@ -511,7 +510,7 @@ class Replica:
                 active.restart(ends, start, self._cut_possible and run.batch < self._max_num_seqs)
                 self._run_state = active
                 active.advance(start)  # the first step is scheduled now
-                active.event = self._event = self.clock.at(ends[-1], self._run_end_callbacks, self._event)
+                self._event = self.clock.at(ends[-1], self._run_end_callbacks, self._event)
                 return
         plan = scheduler.schedule()
         if self.on_plan is not None:
@@ -582,7 +581,7 @@ class _ActiveRun:
     the series when it ends, so a step is applied once its start has passed and sampled at its end.
     """
 
-    __slots__ = ("cut", "cut_on_arrival", "ends", "event", "num_sampled", "replica", "run", "start")
+    __slots__ = ("cut", "cut_on_arrival", "ends", "num_sampled", "replica", "run", "start")
 
     def __init__(self, replica: Replica, run: DecodeRun) -> None:
         self.replica = replica
@@ -592,8 +591,6 @@ class _ActiveRun:
         self.cut_on_arrival = False
         self.cut = False
         self.num_sampled = 0
-        self.event: Wake | None = None
-        """The event that ends the run: at the end of its last step."""
 
     def restart(self, ends: list[float], start: float, cut_on_arrival: bool) -> None:
         """Track a new run of ``run`` (restarted by the caller), with these step end times."""
@@ -602,11 +599,11 @@ class _ActiveRun:
         self.cut_on_arrival = cut_on_arrival
         self.cut = False
         self.num_sampled = 0
-        self.event = None
 
     def cut_at(self, now: float) -> None:
         """An arrival during step j: step j completes, then the scheduler sees the new request. The run
-        is truncated to j steps and its end event moved to step j's end, in place on SimPy's queue."""
+        is truncated to j steps and its end event (the replica's pending one) moved to step j's end, in
+        place on SimPy's queue."""
         self.cut = True
         run = self.run
         last = min(_bisect_right(self.ends, now) + 1, run.num_steps)
@@ -614,10 +611,11 @@ class _ActiveRun:
         if last == run.num_steps:
             return  # the arrival came during the run's last step: the end is already right
         run.truncate(last)
-        event = self.event
+        replica = self.replica
+        event = replica._event
         if event is None or not event.callbacks:
             raise RuntimeError("decode run cut after its end event fired")
-        self.event = self.replica.clock.move_earlier(event, self.ends[last - 1])
+        replica._event = replica.clock.move_earlier(event, self.ends[last - 1])
 
     def advance(self, now: float) -> None:
         """Apply every step of the run that has started by ``now``; sample the ones that have ended."""

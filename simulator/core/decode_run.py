@@ -198,8 +198,7 @@ class DecodeRun:
 
         Each request's next such step is read off its table (see ``restart``): a block appended moves it
         block_size steps on. The steps are taken in windows of block_size, in which a request starts at most
-        one block, so one pass over the batch finds a window's blocks; most windows are a single step (the
-        run is applied as it goes), where that pass already lists them in order."""
+        one block, so one pass over the batch finds a window's blocks."""
         requests = self.requests
         bs = self.block_size
         kv = self.scheduler.kv
@@ -212,41 +211,31 @@ class DecodeRun:
             if high > end:
                 high = end
             following = _NEVER
+            # In step order, running order within a step: a request found after others with a later step
+            # goes in before them (a few per window: plain inserts beat building keys to sort; in a window of
+            # one step, the usual case, nothing moves).
             tables: list[list[int]] = []
-            if low == high:
-                for request in requests:
-                    table = request.block_table
-                    at: i64 = len(table) * bs - request.num_computed_tokens + base
-                    if at == low:
+            steps: list[int] = []  # each listed table's step (a run's steps: mostly cached small ints)
+            count = 0
+            for request in requests:
+                table = request.block_table
+                at: i64 = len(table) * bs - request.num_computed_tokens + base
+                if 1 <= at <= high:
+                    position = count
+                    while position > 0 and steps[position - 1] > at:
+                        position -= 1
+                    if position == count:
                         tables.append(table)
-                        at += bs
-                    if 1 <= at < following:
-                        following = at
+                        steps.append(at)
+                    else:
+                        tables.insert(position, table)
+                        steps.insert(position, at)
+                    count += 1
+                    at += bs
+                if 1 <= at < following:
+                    following = at
+            if count:
                 kv.append_blocks(tables)
-            else:
-                # In step order, running order within a step: a request found after others with a later
-                # step goes in before them (a few per window: plain inserts beat building keys to sort).
-                steps: list[int] = []  # each listed table's step (a run's steps: mostly cached small ints)
-                count = 0
-                for request in requests:
-                    table = request.block_table
-                    at = len(table) * bs - request.num_computed_tokens + base
-                    if 1 <= at <= high:
-                        position = count
-                        while position > 0 and steps[position - 1] > at:
-                            position -= 1
-                        if position == count:
-                            tables.append(table)
-                            steps.append(at)
-                        else:
-                            tables.insert(position, table)
-                            steps.insert(position, at)
-                        count += 1
-                        at += bs
-                    if 1 <= at < following:
-                        following = at
-                if count:
-                    kv.append_blocks(tables)
             low = following
         self._next_block_step = following
 
