@@ -3,7 +3,10 @@
 With the prefix cache on, the invariants below hold; with it off, no block is ever shared or found again,
 so eviction order means nothing and the pool is a stack instead: the most recently freed block is handed
 out first, then never-used ones (a fleet of replicas then touches only the blocks it needs at its peak,
-not every block of every pool, which keeps a large simulation's working set in the CPU's caches).
+not every block of every pool, which keeps a large simulation's working set in the CPU's caches). The
+stack is kept as the freed tables themselves (a request frees its table tail first, so the table read
+front to back is the stack read from the top): freeing a table, or handing out a whole one again, moves
+no block id.
 
 Invariants (tested by a hypothesis state machine):
 - every block is either referenced (``ref_count > 0``) or in the free queue, never both;
@@ -65,10 +68,13 @@ class BlockPool:
         self._freed: deque[int] = deque()
         """With caching: blocks handed out and freed since, in the order they were freed (after the
         never-used ones)."""
-        self._stack: list[int] = []
-        """Without caching: blocks handed out and freed since, the most recently freed last (popped first)."""
+        self._chunks: list[list[int]] = []
+        """Without caching, the free stack (blocks handed out and freed since, the most recently freed first
+        out): a list of chunks, the top one last, each in the order its blocks are handed out; the first
+        ``_offset`` blocks of the top chunk are already out. A chunk is usually a freed request's table."""
+        self._offset = 0
         self._num_freed = 0
-        """Live entries of ``_freed`` (with caching) or of ``_stack`` (without)."""
+        """Live entries of ``_freed`` (with caching) or blocks in ``_chunks`` (without)."""
         self._hash_of: dict[int, int] = {}
         """Block id -> the hash it is indexed under."""
         self.cached: dict[int, int] = {}
@@ -90,7 +96,7 @@ class BlockPool:
         Without caching it is derived, in O(blocks): for checks, not for hot paths."""
         if self.enable_caching:
             return self._ref
-        free = set(self._stack)
+        free = set(self._stack_order())
         return [0 if block_id in free else 1 for block_id in range(self._num_handed)]
 
     def ref_count(self, block_id: int) -> int:
@@ -98,7 +104,7 @@ class BlockPool:
             return 0
         if self.enable_caching:
             return self._ref[block_id]
-        return 0 if block_id in self._stack else 1
+        return 0 if block_id in self._stack_order() else 1
 
     def block_hash(self, block_id: int) -> int | None:
         """The hash a block is indexed under (it keeps it while free, until it is popped for reuse)."""
@@ -110,8 +116,16 @@ class BlockPool:
         without it, most recently freed first, then the never-used ones."""
         never_used = list(range(self._num_handed, self.num_blocks))
         if not self.enable_caching:
-            return self._stack[::-1] + never_used
+            return self._stack_order() + never_used
         return never_used + self._live_freed()
+
+    def _stack_order(self) -> list[int]:
+        """Without caching: the freed blocks on the stack, in the order they will be handed out."""
+        order: list[int] = []
+        for position in range(len(self._chunks) - 1, -1, -1):
+            chunk = self._chunks[position]
+            order += chunk[self._offset:] if position == len(self._chunks) - 1 else chunk
+        return order
 
     def _live_freed(self) -> list[int]:
         """The live entries of the freed queue, in order: a free block's most recent entry."""
@@ -136,27 +150,7 @@ class BlockPool:
             raise ValueError(f"asked for {num_blocks} blocks, {self.num_free} free")
         start = self._num_handed
         if not self.enable_caching:
-            # No hits, no hashes, no counts to keep: slices of the stack, then fresh ids, in C.
-            if num_blocks <= 0:
-                return []
-            stack = self._stack
-            num_reused = min(num_blocks, len(stack))
-            # Plain slices and an in-place reverse (compiled, a slice with a step is a generic call).
-            if num_reused == num_blocks:
-                cut = len(stack) - num_blocks
-                out = stack[cut:]
-                out.reverse()
-                del stack[cut:]
-                self._num_freed -= num_blocks
-                return out
-            out = stack[:]
-            out.reverse()
-            stack.clear()
-            self._num_freed = 0
-            num_fresh = num_blocks - num_reused
-            self._num_handed = start + num_fresh
-            out += range(start, start + num_fresh)
-            return out
+            return self._pop_stack(num_blocks) if num_blocks > 0 else []
         num_fresh = min(num_blocks, self.num_blocks - start)
         remaining = num_blocks - num_fresh
         ref = self._ref
@@ -185,6 +179,45 @@ class BlockPool:
             remaining -= 1
         return out
 
+    def _pop_stack(self, num_blocks: int) -> list[int]:
+        """Without caching: ``num_blocks`` (>= 1, at most the free ones) from the top of the stack, then
+        never-used ids, as a new list the caller owns: a top chunk taken whole is handed over itself, part
+        of one is a slice."""
+        chunks = self._chunks
+        if chunks:
+            top = chunks[-1]
+            offset = self._offset
+            available = len(top) - offset
+            if num_blocks <= available:
+                self._num_freed -= num_blocks
+                if num_blocks < available:
+                    self._offset = offset + num_blocks
+                    return top[offset:offset + num_blocks]
+                chunks.pop()
+                self._offset = 0
+                return top[offset:] if offset else top
+        out: list[int] = []
+        remaining = num_blocks
+        while remaining and chunks:
+            top = chunks[-1]
+            offset = self._offset
+            available = len(top) - offset
+            if available <= remaining:
+                out += top[offset:] if offset else top
+                chunks.pop()
+                self._offset = 0
+                remaining -= available
+            else:
+                out += top[offset:offset + remaining]
+                self._offset = offset + remaining
+                remaining = 0
+        self._num_freed -= num_blocks - remaining
+        if remaining:
+            start = self._num_handed
+            self._num_handed = start + remaining
+            out += range(start, start + remaining)
+        return out
+
     def append_new_blocks(self, tables: list[list[int]]) -> None:
         """Without caching: one block popped onto the end of each table, in the order listed, exactly as
         ``get_new_blocks(len(tables))`` would hand them out — without building that list (a decode run
@@ -196,15 +229,22 @@ class BlockPool:
             raise ValueError(f"asked for {n} blocks, {self.num_free} free")
         # Typed as objects, block ids go from list to list as they are (the compiled build would unbox and
         # re-box each one).
-        stack: list[Any] = self._stack
+        chunks: list[list[Any]] = self._chunks
         for i in range(n):
             table: list[Any] = tables[i]
-            if stack:
-                table.append(stack.pop())
+            if chunks:
+                top = chunks[-1]
+                offset = self._offset
+                table.append(top[offset])
+                offset += 1
+                if offset == len(top):
+                    chunks.pop()
+                    offset = 0
+                self._offset = offset
+                self._num_freed -= 1
             else:
                 table.append(self._num_handed)
                 self._num_handed += 1
-        self._num_freed = len(stack)
 
     def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on prefix-hit blocks; a free one leaves the queue (it is no longer evictable)."""
@@ -216,16 +256,35 @@ class BlockPool:
         if len(self._freed) > 2 * self._num_freed + _COMPACT_SLACK:
             self._compact()
 
+    def free_table(self, table: list[int]) -> None:
+        """Free a request's blocks tail first: ``free_blocks(reversed(table))``. Without caching the pool
+        keeps ``table`` itself as the top of the stack (the caller must not use the list again)."""
+        if self.enable_caching:
+            table.reverse()
+            self.free_blocks(table)
+            return
+        self._push_chunk(table)
+
+    def _push_chunk(self, chunk: list[int]) -> None:
+        chunks = self._chunks
+        offset = self._offset
+        if offset:
+            del chunks[-1][:offset]  # the blocks already out leave the old top before it is covered
+            self._offset = 0
+        chunks.append(chunk)
+        self._num_freed += len(chunk)
+        if self._num_freed > self._num_handed:
+            raise AssertionError("blocks freed more often than referenced")
+
     def free_blocks(self, blocks: Iterable[int]) -> None:
         """Drop one reference from each block, in the order given; blocks reaching zero go to the tail."""
         if not self.enable_caching:
-            # Without the prefix cache nothing is shared: every block freed goes on the stack, in one
-            # extend. A double free shows as more free blocks than were handed out.
-            stack = self._stack
-            stack.extend(blocks)
-            self._num_freed = len(stack)
-            if self._num_freed > self._num_handed:
-                raise AssertionError("blocks freed more often than referenced")
+            # Without the prefix cache nothing is shared: every block freed goes on the stack, the last
+            # one given on top. A double free shows as more free blocks than were handed out.
+            chunk = list(blocks)
+            if chunk:
+                chunk.reverse()
+                self._push_chunk(chunk)
             return
         freed = self._freed
         ref = self._ref

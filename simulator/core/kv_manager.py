@@ -108,11 +108,11 @@ class KVManager:
         num_new_tokens: int,
         new_computed_blocks: Sequence[int] = (),
         reserve_tokens: int = 0,
-    ) -> list[int] | None:
+    ) -> int | None:
         """Slots for ``num_new_tokens`` more tokens (after ``new_computed_blocks``, a prefix hit taken on
         admission), and for at least ``reserve_tokens`` tokens in all (contiguous and reserve policies
-        allocate their whole reservation up front). Returns the fresh blocks, or None if they do not fit;
-        on None nothing changed."""
+        allocate their whole reservation up front). Returns how many fresh blocks it popped (the table's
+        new tail), or None if they do not fit; on None nothing changed."""
         blocks = request.block_table
         if blocks and not new_computed_blocks:
             # Fast path (most calls: a decode inside a block it already holds): nothing to pop.
@@ -120,7 +120,7 @@ class KVManager:
             if num_done <= len(blocks) * self.block_size:
                 if self.enable_caching and num_done // self.block_size > request.num_indexed_blocks:
                     self._cache_full_blocks(request, blocks, num_new_tokens, 0)
-                return []
+                return 0
         num_new = self.num_blocks_needed(request, num_new_tokens, len(new_computed_blocks), reserve_tokens)
         # Hit blocks nobody references sit in the free queue: taking them consumes free capacity too.
         if new_computed_blocks:
@@ -131,15 +131,22 @@ class KVManager:
         if num_new + evictable_hits > self.pool.num_free:
             return None
         if not blocks:
+            if num_new and not new_computed_blocks:
+                # The request starts holding KV: the pool's new list becomes its table (no copy).
+                blocks = request.block_table = self.pool.get_new_blocks(num_new)
+                self.req_blocks[request.request_id] = blocks
+                if self.enable_caching and request.block_hashes:
+                    self._cache_full_blocks(request, blocks, num_new_tokens, 0)
+                return num_new
             self.req_blocks[request.request_id] = blocks  # the request starts holding KV (or may: an empty table)
         if new_computed_blocks:
             self.pool.touch(new_computed_blocks)
             blocks.extend(new_computed_blocks)
-        new_blocks = self.pool.get_new_blocks(num_new) if num_new else []
-        blocks.extend(new_blocks)
+        if num_new:
+            blocks.extend(self.pool.get_new_blocks(num_new))
         if self.enable_caching and request.block_hashes:
             self._cache_full_blocks(request, blocks, num_new_tokens, len(new_computed_blocks))
-        return new_blocks
+        return num_new
 
     def appends_in_place(self, request: Request) -> bool:
         """Whether ``allocate(request, 1)`` would return [] having changed nothing: the request's next
@@ -179,11 +186,10 @@ class KVManager:
         """Release the request's blocks, tail first (its longest prefixes are evicted first)."""
         self.req_blocks.pop(request.request_id, None)
         blocks = request.block_table
-        request.block_table = []  # the old table leaves the request: reversed in place below
+        request.block_table = []  # the old table leaves the request: the pool takes it over
         request.num_indexed_blocks = 0
         if blocks:
-            blocks.reverse()  # tail first; a list, freed in one C-level extend
-            self.pool.free_blocks(blocks)
+            self.pool.free_table(blocks)
 
     def block_ids(self, request_id: int) -> list[int]:
         return list(self.req_blocks.get(request_id, ()))

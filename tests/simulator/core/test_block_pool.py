@@ -116,7 +116,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
         self.model_cache: dict[int, int] = {}
         self.next_hash = 1
 
-    @rule(n=st.integers(1, 4))
+    @rule(n=st.integers(1, 6))
     def allocate(self, n: int) -> None:
         if n > self.pool.num_free:
             return
@@ -138,6 +138,32 @@ class BlockPoolMachine(RuleBasedStateMachine):
                     self.model_queue.append(bid)  # LRU: freed last, evicted last
                 else:
                     self.model_queue.insert(0, bid)  # a stack: freed last, handed out first
+
+    @precondition(lambda self: self.holders)
+    @rule(data=st.data())
+    def free_table(self, data: st.DataObject) -> None:
+        """A request's table freed whole (tail first): without caching the pool keeps the list itself."""
+        holder = self.holders.pop(data.draw(st.integers(0, len(self.holders) - 1)))
+        order = holder[::-1]
+        self.pool.free_table(holder)
+        for bid in order:
+            if self._refs(bid) == 0:
+                if self.pool.enable_caching:
+                    self.model_queue.append(bid)
+                else:
+                    self.model_queue.insert(0, bid)
+
+    @precondition(lambda self: not self.pool.enable_caching)
+    @rule(num_tables=st.integers(1, 3))
+    def append(self, num_tables: int) -> None:
+        """Blocks popped one per table (a decode run's path) come off the stack in hand-out order."""
+        if num_tables > self.pool.num_free:
+            return
+        tables: list[list[int]] = [[] for _ in range(num_tables)]
+        self.pool.append_new_blocks(tables)
+        expected, self.model_queue = self.model_queue[:num_tables], self.model_queue[num_tables:]
+        assert tables == [[bid] for bid in expected]
+        self.holders.extend(tables)
 
     @precondition(lambda self: self.holders)
     @rule(data=st.data())
@@ -186,9 +212,9 @@ class KVManagerMachine(RuleBasedStateMachine):
 
     BS = 4
 
-    @initialize(num_blocks=st.integers(4, 24))
-    def setup(self, num_blocks: int) -> None:
-        self.kv = KVManager(num_blocks, self.BS)
+    @initialize(num_blocks=st.integers(4, 24), caching=st.booleans())
+    def setup(self, num_blocks: int, caching: bool) -> None:
+        self.kv = KVManager(num_blocks, self.BS, enable_caching=caching)
         self.live: dict[int, Request] = {}
         self.next_id = 0
 
@@ -206,8 +232,12 @@ class KVManagerMachine(RuleBasedStateMachine):
             expected += 1
         assert [self.kv.pool.block_hash(b) for b in hits] == list(hashes[:expected])
         chunk = min(prompt - len(hits) * self.BS, 1 + prefix * 3)
-        if self.kv.allocate(req, chunk, hits) is None:
+        fresh = self.kv.allocate(req, chunk, hits)
+        if fresh is None:
+            assert req.block_table == [] and req.request_id not in self.kv.req_blocks
             return
+        assert len(req.block_table) == len(hits) + fresh == -(-(len(hits) * self.BS + chunk) // self.BS)
+        assert self.kv.req_blocks[req.request_id] is req.block_table
         req.num_computed_tokens = len(hits) * self.BS + chunk
         self.live[req.request_id] = req
 
@@ -218,7 +248,10 @@ class KVManagerMachine(RuleBasedStateMachine):
         if req.num_computed_tokens >= req.num_tokens:
             req.num_output_tokens += 1  # produce a token so there is one more to compute
         n = min(n, req.num_tokens - req.num_computed_tokens)
-        if self.kv.allocate(req, n) is not None:
+        held = len(req.block_table)
+        fresh = self.kv.allocate(req, n)
+        if fresh is not None:
+            assert len(req.block_table) == held + fresh
             req.num_computed_tokens += n
 
     @precondition(lambda self: self.live)
