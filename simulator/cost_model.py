@@ -2,8 +2,9 @@
 
 This is on the simulator's hot path (one call per simulated step per replica), so ``step_time`` is plain
 float arithmetic over constants precomputed in ``__init__``: no numpy, no allocation, no attribute chains.
-``decode_times`` is the vectorised twin for the multi-step fast path; it performs the same float
-operations in the same order, so both paths give bit-identical times (a test holds them to that).
+For the multi-step fast path, ``StepEnds`` walks a decode run's step end times and ``decode_times`` is
+the vectorised list of its step times; both perform the same float operations in the same order, so
+every path gives bit-identical times (tests hold them to that).
 
 Never imports ``calibration``.
 """
@@ -186,37 +187,19 @@ class CostModel:
     def decode_step_ends(self, batch: int, ctx_sum_start: int, num_steps: int, start_s: float) -> list[float]:
         """End times of the steps ``decode_times`` describes, run back to back from ``start_s``: each one
         the previous end plus its step time, one addition at a time as a step-by-step clock adds them, so
-        equal to the bit. Short runs (most: an arrival or a completion ends them) stay in plain floats,
-        where numpy's per-call overhead would dominate; long ones are vectorised."""
-        if num_steps > _SHORT_RUN_STEPS:
-            times = self.decode_times(batch, ctx_sum_start, num_steps)
-            return np.add.accumulate(np.concatenate(([start_s], times)))[1:].tolist()  # type: ignore[no-any-return]
-        if num_steps <= 0:
-            return []
-        if batch <= 0:
-            return [start_s] * num_steps
+        equal to the bit (``StepEnds`` lists them; a decode run asks it for the few it needs instead)."""
+        ends = StepEnds()
+        ends.reset(self, batch, ctx_sum_start, num_steps, start_s)
+        return [ends.end(j) for j in range(1, num_steps + 1)]
+
+    def decode_base_host(self, batch: int) -> tuple[float, float]:
+        """(device seconds before the context term and the factor, host seconds) of a decode-only step of
+        ``batch`` sequences, padded as the engine runs it: the per-batch constants of ``StepEnds``."""
         consts = self._decode_consts.get(batch)
         if consts is None:
-            b, n = self._padded(StepShape(batch, batch, batch, ctx_sum_start, 0, 0.0))
+            b, n = self._padded(StepShape(batch, batch, batch, 0, 0, 0.0))
             consts = self._decode_consts[batch] = (self._base_s(b, n), self._host_s(b, n))
-        base, host = consts
-        k = self._k
-        attn = self._q * 0.0
-        factor = self._factor
-        overlap = self._overlap
-        ends = [start_s] * num_steps  # filled in place: appending would regrow the list several times
-        t = start_s
-        ctx = float(ctx_sum_start)  # whole numbers: exact in a double, as float(int) of each step's sum
-        step_ctx = float(batch)
-        i: i64 = 0  # a while loop over a machine integer: compiled, a range loop boxes its index
-        count: i64 = num_steps
-        while i < count:
-            dev = base + k * ctx + attn
-            t += ((dev if dev > host else host) if overlap else dev + host) * factor  # the clock's one addition
-            ends[i] = t
-            ctx += step_ctx
-            i += 1
-        return ends
+        return consts
 
     def decode_total_time(self, batch: int, ctx_sum_start: int, num_steps: int) -> float:
         """Sum of ``decode_times`` in closed form (no array) when host work does not overlap."""
@@ -244,8 +227,133 @@ class CostModel:
         return f"CostModel({self.profile.label}{scaled})"
 
 
-_SHORT_RUN_STEPS = 256
-"""Decode runs up to this many steps are timed in plain Python floats (``decode_step_ends``)."""
+class StepEnds:
+    """End times of a decode run's steps (``decode_times`` run back to back from a start), worked out on
+    demand: each end is the previous one plus its step time, one addition at a time as the step-by-step
+    clock adds them, so equal to the bit. Nothing is kept per step: the ends are walked from a cursor that
+    moves forward with the questions (one before it restarts the walk from the run's start), so a run cut
+    after a few of its planned steps costs those few additions, and no list of floats is built at all.
+
+    Steps are numbered from 1; ``last_end`` is the end of the run's last planned step. A replica reuses
+    one object from run to run (``reset``)."""
+
+    __slots__ = ("_attn", "_base", "_ctx", "_ctx_start", "_factor", "_host", "_j", "_k", "_overlap",
+                 "_prev_t", "_start", "_step_ctx", "_t", "last_end", "num_steps")
+
+    def __init__(self) -> None:
+        self.num_steps: i64 = 0
+        self.last_end = 0.0
+        self._j: i64 = 0
+        """The cursor: ends of steps 1.._j are known, ``_t`` the last of them (the start when _j is 0),
+        ``_prev_t`` the one before (the start at _j <= 1), ``_ctx`` the context sum of step _j + 1."""
+        self._t = 0.0
+        self._prev_t = 0.0
+        self._ctx = 0.0
+        self._start = 0.0
+        self._ctx_start = 0.0
+        self._step_ctx = 0.0
+        self._base = 0.0
+        self._host = 0.0
+        self._k = 0.0
+        self._attn = 0.0
+        self._factor = 1.0
+        self._overlap = False
+
+    def reset(self, model: CostModel, batch: int, ctx_sum_start: int, num_steps: int, start_s: float) -> None:
+        """``num_steps`` decode-only steps of ``batch`` sequences from ``start_s``, the first with context sum
+        ``ctx_sum_start``, each later one ``batch`` more (as ``decode_times``)."""
+        self.num_steps = num_steps
+        self._start = start_s
+        self._ctx_start = float(ctx_sum_start)  # whole numbers: exact in a double, as float(int) of each sum
+        if batch > 0:
+            self._base, self._host = model.decode_base_host(batch)
+            self._k = model._k
+            self._attn = model._q * 0.0
+            self._factor = model._factor
+            self._overlap = model._overlap
+            self._step_ctx = float(batch)
+        else:  # an empty batch: steps that take no time (as decode_times' zeros)
+            self._base = self._host = self._k = self._attn = self._step_ctx = 0.0
+            self._factor = 1.0
+            self._overlap = False
+        self._rewind()
+        # The run's end, from a walk of its own (the cursor stays at the start, where questions begin).
+        t = start_s
+        ctx = self._ctx_start
+        i: i64 = 0
+        count: i64 = num_steps
+        while i < count:
+            t += self._step_s(ctx)
+            ctx += self._step_ctx
+            i += 1
+        self.last_end = t
+
+    def _rewind(self) -> None:
+        self._j = 0
+        self._t = self._prev_t = self._start
+        self._ctx = self._ctx_start
+
+    def _step_s(self, ctx: float) -> float:
+        """The time of a decode step with context sum ``ctx``: the same float operations, in the same order,
+        as ``CostModel.time_of`` (and ``decode_times``) performs for that shape."""
+        dev = self._base + self._k * ctx + self._attn
+        host = self._host
+        if self._overlap:
+            return (dev if dev > host else host) * self._factor
+        return (dev + host) * self._factor
+
+    def _walk(self, target: int, bound: float, strict: bool) -> int:
+        """Move the cursor on to step ``target`` at most, stopping before the first step that ends after
+        ``bound`` (at or after it, if ``strict``); returns the cursor's step."""
+        j: i64 = self._j
+        last: i64 = target
+        t = self._t
+        prev = self._prev_t
+        ctx = self._ctx
+        step_ctx = self._step_ctx
+        while j < last:
+            following = t + self._step_s(ctx)
+            if following > bound or (strict and following == bound):
+                break
+            prev = t
+            t = following
+            ctx += step_ctx
+            j += 1
+        self._j = j
+        self._t = t
+        self._prev_t = prev
+        self._ctx = ctx
+        return j
+
+    def end(self, step: int) -> float:
+        """The end time of step ``step`` (0 .. num_steps; 0 is the start)."""
+        target: i64 = step
+        if target < self._j:
+            if target == self._j - 1:
+                return self._prev_t
+            self._rewind()
+        self._walk(target, math.inf, False)
+        return self._t
+
+    def ended_by(self, now: float) -> int:
+        """How many steps end at or before ``now`` (``bisect.bisect_right`` on the list of ends)."""
+        if not self._t <= now:
+            if self._j == 0:
+                return 0
+            if self._prev_t <= now:
+                return self._j - 1
+            self._rewind()
+        return self._walk(self.num_steps, now, False)
+
+    def ended_before(self, t: float) -> int:
+        """How many steps end strictly before ``t`` (``bisect.bisect_left`` on the list of ends)."""
+        if not self._t < t:
+            if self._j == 0:
+                return 0
+            if self._prev_t < t:
+                return self._j - 1
+            self._rewind()
+        return self._walk(self.num_steps, t, True)
 
 
 def _comm_terms(comm: CommModel | None, tp: int) -> tuple[float, float]:

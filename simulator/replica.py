@@ -14,7 +14,6 @@ process's resume bookkeeping per step — on the simulator's hottest path.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Sequence
 from heapq import heapify, heappop, heappush, heapreplace
 from typing import TYPE_CHECKING, Any, Final
@@ -27,7 +26,7 @@ from simulator.core.decode_run import DecodeRun
 from simulator.core.request import Request, RequestSpec, RequestStatus
 from simulator.core.scheduler import Scheduler
 from simulator.core.step import StepPlan, shape_fields
-from simulator.cost_model import CostModel
+from simulator.cost_model import CostModel, StepEnds
 from simulator.metrics import ReplicaSeries, RequestLog
 
 if TYPE_CHECKING:
@@ -274,43 +273,6 @@ def _drop(queue: list[tuple[Any, ...]], entry: tuple[Any, ...]) -> None:
             return
 
 
-def _bisect_right(ends: list[float], x: float) -> int:
-    """``bisect.bisect_right`` on a decode run's step ends: compiled, the native ``search_right`` (calling
-    the C function from compiled code is a generic call with a boxed float, several times the search)."""
-    return search_right(ends, x) if _COMPILED else bisect.bisect_right(ends, x)
-
-
-def _bisect_left(ends: list[float], x: float) -> int:
-    """``bisect.bisect_left`` on a decode run's step ends (see ``_bisect_right``)."""
-    return search_left(ends, x) if _COMPILED else bisect.bisect_left(ends, x)
-
-
-def search_right(values: list[float], x: float) -> int:
-    """The index after the last element <= ``x`` of ascending ``values`` (``bisect.bisect_right``)."""
-    lo: i64 = 0
-    hi: i64 = len(values)
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if x < values[mid]:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-def search_left(values: list[float], x: float) -> int:
-    """The index of the first element >= ``x`` of ascending ``values`` (``bisect.bisect_left``)."""
-    lo: i64 = 0
-    hi: i64 = len(values)
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if values[mid] < x:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
 def run_until(env: simpy.Environment, until: float | None = None) -> int:
     """``env.run(until)``, with the replicas' and the arrival feed's events (``Wake``) dispatched here.
 
@@ -505,12 +467,12 @@ class Replica:
                     run.restart(num_steps)
                 start = self.clock.now()
                 # Step end times accumulated one addition at a time from now, as the step-by-step
-                # clock does.
-                ends = self.cost_model.decode_step_ends(run.batch, run.ctx_sum_start, num_steps, start)
-                active.restart(ends, start, self._cut_possible and run.batch < self._max_num_seqs)
+                # clock does (worked out as they are asked for).
+                active.ends.reset(self.cost_model, run.batch, run.ctx_sum_start, num_steps, start)
+                active.restart(start, self._cut_possible and run.batch < self._max_num_seqs)
                 self._run_state = active
                 active.advance(start)  # the first step is scheduled now
-                self._event = self.clock.at(ends[-1], self._run_end_callbacks, self._event)
+                self._event = self.clock.at(active.ends.last_end, self._run_end_callbacks, self._event)
                 return
         plan = scheduler.schedule()
         if self.on_plan is not None:
@@ -559,7 +521,7 @@ class Replica:
         active = self._run_state
         assert active is not None
         k = active.run.num_steps
-        end = active.ends[k - 1]
+        end = active.ends.end(k)
         finished = active.close()
         self._run_state = None
         if finished:
@@ -586,15 +548,15 @@ class _ActiveRun:
     def __init__(self, replica: Replica, run: DecodeRun) -> None:
         self.replica = replica
         self.run = run
-        self.ends: list[float] = []
+        self.ends = StepEnds()
+        """The run's step end times (reset with each run)."""
         self.start = 0.0
         self.cut_on_arrival = False
         self.cut = False
         self.num_sampled = 0
 
-    def restart(self, ends: list[float], start: float, cut_on_arrival: bool) -> None:
-        """Track a new run of ``run`` (restarted by the caller), with these step end times."""
-        self.ends = ends
+    def restart(self, start: float, cut_on_arrival: bool) -> None:
+        """Track a new run of ``run`` and ``ends`` (both restarted by the caller)."""
         self.start = start
         self.cut_on_arrival = cut_on_arrival
         self.cut = False
@@ -606,7 +568,7 @@ class _ActiveRun:
         place on SimPy's queue."""
         self.cut = True
         run = self.run
-        last = min(_bisect_right(self.ends, now) + 1, run.num_steps)
+        last = min(self.ends.ended_by(now) + 1, run.num_steps)
         last = max(last, run.num_done)
         if last == run.num_steps:
             return  # the arrival came during the run's last step: the end is already right
@@ -615,14 +577,14 @@ class _ActiveRun:
         event = replica._event
         if event is None or not event.callbacks:
             raise RuntimeError("decode run cut after its end event fired")
-        replica._event = replica.clock.move_earlier(event, self.ends[last - 1])
+        replica._event = replica.clock.move_earlier(event, self.ends.end(last))
 
     def advance(self, now: float) -> None:
         """Apply every step of the run that has started by ``now``; sample the ones that have ended."""
         run = self.run
         if run.num_done >= run.num_steps:
             return
-        started = 1 + _bisect_right(self.ends, now)  # step 1 starts at the run's start
+        started = 1 + self.ends.ended_by(now)  # step 1 starts at the run's start
         target = run.num_steps if started > run.num_steps else started
         self._sample_until(target - 1)
         run.advance_to(target)
@@ -631,7 +593,7 @@ class _ActiveRun:
         """Apply and sample every step of the (possibly truncated) run; returns the requests its last
         step finished (retired before that step is sampled, as ``update`` precedes the sample)."""
         last = self.run.num_steps
-        self.advance(self.ends[last - 1])
+        self.advance(self.ends.end(last))
         self._sample_until(last - 1)
         finished = self.run.finish()
         self._sample(last)
@@ -645,9 +607,9 @@ class _ActiveRun:
         ends = self.ends
         while True:
             next_sample_s = series.next_sample_s
-            if last < len(ends) and ends[last] < next_sample_s:
+            if last < ends.num_steps and ends.end(last + 1) < next_sample_s:
                 return  # step last + 1 ends before the grid point: no step up to last is needed (no search)
-            j = _bisect_left(ends, next_sample_s)
+            j = ends.ended_before(next_sample_s)
             if j <= self.num_sampled:
                 j = self.num_sampled + 1
             if j > last:
@@ -657,11 +619,12 @@ class _ActiveRun:
 
     def _sample(self, j: int) -> None:
         series = self.replica.series
-        if series.kv_probe is not None and self.ends[j - 1] >= series.next_sample_s:
+        end = self.ends.end(j)
+        if series.kv_probe is not None and end >= series.next_sample_s:
             self.run.set_counters(j)  # the probe reads per-request tokens: make them exact for step j
         scheduler = self.replica.scheduler
         kv = scheduler.kv
         pool = kv.pool
-        self.replica.series.maybe_sample(self.ends[j - 1], len(scheduler.running), scheduler.num_waiting,
+        self.replica.series.maybe_sample(end, len(scheduler.running), scheduler.num_waiting,
                                          pool.num_used, pool.num_blocks, kv.num_hit_tokens, kv.num_lookup_tokens)
         self.num_sampled = j

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.core.step import StepShape
-from simulator.cost_model import CostModel, allreduce_time_s
+from simulator.cost_model import CostModel, StepEnds, allreduce_time_s
 from simulator.profile import CommModel, load_profile
 
 BASE = load_profile("h200-llama-3-8b-tp1-analytic")
@@ -143,7 +144,7 @@ def test_decode_times_bit_identical_to_step_time(
 @given(
     batch=st.integers(0, 300),
     ctx=st.integers(0, 2_000_000),
-    steps=st.integers(0, 150),  # both sides of the plain-float / numpy switch
+    steps=st.integers(0, 150),
     start=st.floats(0.0, 1e6),
     overlap=st.booleans(),
     buckets=st.booleans(),
@@ -160,6 +161,56 @@ def test_decode_step_ends_equal_a_step_by_step_clock(
         clock += model.step_time(decode(batch, ctx + j * batch)) if batch else 0.0
         reference.append(clock)
     assert model.decode_step_ends(batch, ctx, steps, start) == reference  # to the bit
+
+
+_query = st.one_of(
+    st.tuples(st.just("end"), st.integers(0, 40)),
+    st.tuples(st.just("by"), st.floats(-0.05, 1.2)),
+    st.tuples(st.just("before"), st.floats(-0.05, 1.2)),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    batch=st.integers(0, 64),
+    ctx=st.integers(0, 200_000),
+    steps=st.integers(0, 40),
+    overlap=st.booleans(),
+    queries=st.lists(_query, max_size=30),
+    reuse=st.booleans(),
+)
+def test_step_ends_answer_as_the_list_of_ends_would(
+    batch: int, ctx: int, steps: int, overlap: bool, queries: list[tuple[str, float]], reuse: bool
+) -> None:
+    """Questions in any order (the walk moves forward, steps back one, or starts over) get the answers the
+    full list of ends gives: the same floats, and bisect's counts, ties included (an empty batch's steps
+    all end at the start)."""
+    model = CostModel(_profile(overlap_host=overlap))
+    start = 0.25
+    ends = model.decode_step_ends(batch, ctx, steps, start)
+    walker = StepEnds()
+    if reuse:  # a replica's object, reset from an earlier run
+        walker.reset(model, batch + 3, ctx + 7, steps + 5, 0.0)
+        walker.ended_by(0.5)
+    walker.reset(model, batch, ctx, steps, start)
+    assert walker.last_end == (ends[-1] if ends else start)
+    scale = ends[-1] - start if ends and ends[-1] > start else 1.0
+    for kind, value in queries:
+        if kind == "end":
+            step = int(value) % (steps + 1)
+            assert walker.end(step) == ([start, *ends][step])
+        elif kind == "by":
+            now = start + value * scale
+            assert walker.ended_by(now) == bisect.bisect_right(ends, now)
+            if ends:  # exactly at an end: ties count as ended
+                tie = ends[int(value * 1000) % len(ends)]
+                assert walker.ended_by(tie) == bisect.bisect_right(ends, tie)
+        else:
+            t = start + value * scale
+            assert walker.ended_before(t) == bisect.bisect_left(ends, t)
+            if ends:
+                tie = ends[int(value * 1000) % len(ends)]
+                assert walker.ended_before(tie) == bisect.bisect_left(ends, tie)
 
 
 def test_decode_times_degenerate() -> None:

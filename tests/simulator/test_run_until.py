@@ -4,7 +4,6 @@ searches and heap are ``bisect``'s and ``heapq``'s."""
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 from collections.abc import Generator
@@ -23,7 +22,7 @@ from simulator.core.request import RequestSpec
 from simulator.cost_model import CostModel
 from simulator.metrics import ReplicaSeries, RequestLog
 from simulator.profile import load_profile
-from simulator.replica import Replica, heap_pop, heap_push, heap_replace, run_until, search_left, search_right
+from simulator.replica import Replica, heap_pop, heap_push, heap_replace, run_until
 
 PROFILE = "h200-llama-3-8b-tp1-analytic"
 
@@ -110,16 +109,6 @@ def test_run_until_refuses_a_stop_time_not_ahead_of_the_clock() -> None:
         run_until(env, 2.0)
     with pytest.raises(ValueError, match="greater than the current simulation time"):
         run_until(env, 1.0)
-
-
-@given(st.lists(st.floats(min_value=-1e6, max_value=1e6, allow_nan=False), max_size=40),
-       st.floats(min_value=-2e6, max_value=2e6, allow_nan=False))
-def test_the_native_searches_are_bisect(values: list[float], x: float) -> None:
-    values.sort()
-    candidates = [x, *values[:3], *values[-2:]]  # on and off the elements, ties included
-    for probe in candidates:
-        assert search_right(values, probe) == bisect.bisect_right(values, probe)
-        assert search_left(values, probe) == bisect.bisect_left(values, probe)
 
 
 @given(st.lists(st.tuples(st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0]), st.sampled_from([0, 1]),
