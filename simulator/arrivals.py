@@ -37,6 +37,7 @@ class ArrivalFeed:
         route: RouteFn | None = None,
         progress: ProgressFn | None = None,
         report_every: int = 1,
+        log_arrivals: bool = True,
     ) -> None:
         if route is None and len(replicas) != 1:
             raise ValueError("an arrival feed without a router needs exactly one replica")
@@ -49,6 +50,9 @@ class ArrivalFeed:
         self.route = route
         self.progress = progress
         self.report_every = report_every
+        self.log_arrivals = log_arrivals
+        """Log each arrival (``RequestLog.on_arrival``); off, the caller logs them in bulk afterwards
+        (``RequestLog.record_arrivals``: the specs are then a workload's rows 0 .. n-1 in order)."""
         self.num_arrived = 0
         self._specs: Iterator[RequestSpec] = iter(specs)
         self._buffer: list[RequestSpec] = []
@@ -69,10 +73,12 @@ class ArrivalFeed:
         route = self.route
         replicas = self.replicas
         progress = self.progress
+        log_arrivals = self.log_arrivals
         spec = self._next
         while spec is not None and spec.arrival_s <= now:
             rid = spec.request_id
-            log.on_arrival(rid, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, spec.session_id)
+            if log_arrivals:
+                log.on_arrival(rid, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, spec.session_id)
             index = 0 if route is None else route(spec, now)
             log.on_routed(rid, index)
             replicas[index].submit(spec)

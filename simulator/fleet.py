@@ -81,9 +81,15 @@ def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
         if progress is not None:
             progress(name, arrived, num_requests)
 
-    ArrivalFeed(env, specs, log, replicas, route=state.route_fn(router),
-                progress=None if progress is None else report, report_every=max(1, num_requests // 100))
+    # The specs are the workload's rows in order: their arrivals are logged in bulk once the clock stops.
+    feed = ArrivalFeed(env, specs, log, replicas, route=state.route_fn(router),
+                       progress=None if progress is None else report, report_every=max(1, num_requests // 100),
+                       log_arrivals=False)
     run_until(env, sim.horizon_s)
+    if not feed.log_arrivals:
+        arrived = feed.num_arrived
+        log.record_arrivals(workload.arrival_s[:arrived], workload.prompt_tokens[:arrived],
+                            workload.output_tokens[:arrived], workload.session_id[:arrived])
     end_s = env.now if sim.horizon_s is None else sim.horizon_s
     end_s = max(end_s, 1e-9)
     for replica in replicas:

@@ -137,6 +137,23 @@ class RequestLog:
         if session is not None:
             self._session[rid] = session
 
+    def record_arrivals(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+                        session_id: np.ndarray) -> None:
+        """``on_arrival`` for requests 0 .. n-1 at once, from a workload's columns (a session id < 0 is
+        none): a fleet whose requests are a workload's rows in order logs their arrivals this way after
+        the run, for the ones that arrived, instead of one call each on the hot path."""
+        n = len(arrival_s)
+        if not len(prompt_tokens) == len(output_tokens) == len(session_id) == n:
+            raise ValueError("arrival columns must have equal lengths")
+        if n > self._capacity:
+            self._grow(n)
+        if n > self._size:
+            self._size = n
+        self.arrival_s[:n] = arrival_s
+        self.prompt_tokens[:n] = prompt_tokens
+        self.output_tokens[:n] = output_tokens
+        self.session_id[:n] = np.where(session_id >= 0, session_id, -1)
+
     def on_routed(self, rid: int, replica: int) -> None:
         self._replica[rid] = replica
 

@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from simulator import fleet
+from simulator.arrivals import ArrivalFeed
 from simulator.core.request import RequestStatus
 from simulator.fleet import run
 from simulator.metrics import RequestOutcome, RunResult
@@ -136,6 +138,24 @@ def test_horizon_leaves_requests_in_flight_counted(case: str) -> None:
             assert scheduler.kv.num_held_blocks(request.request_id) > 0 or request.num_computed_tokens == 0
     # Arrived requests are on a replica (queued, running, swapped) or counted as completed / rejected.
     assert in_flight_on_replicas == s.requests_in_flight
+
+
+@pytest.mark.parametrize("case", ["vllm", "sessions-affinity", "rejections"])
+def test_arrivals_logged_in_bulk_equal_arrivals_logged_one_by_one(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fleet logs its arrivals from the workload's columns once the clock stops (the arrived ones:
+    rows 0 .. n-1); the log is the one logging each arrival as it happens gives, horizon cut included."""
+    overrides = [*POLICIES[case], "simulation.horizon_s=2", "workload.arrival.rate_rps=300"]
+    bulk = simulate(overrides)[0].variants["base"].requests.columns()
+
+    def one_by_one(*args: Any, **kwargs: Any) -> ArrivalFeed:
+        return ArrivalFeed(*args, **{**kwargs, "log_arrivals": True})
+
+    monkeypatch.setattr(fleet, "ArrivalFeed", one_by_one)
+    single = simulate(overrides)[0].variants["base"].requests.columns()
+    assert 0 < len(bulk["arrival_s"]) < 600  # the horizon cut the stream
+    assert bulk.keys() == single.keys()
+    for name in bulk:
+        np.testing.assert_array_equal(bulk[name], single[name], err_msg=name)
 
 
 # ----- reproducibility ----------------------------------------------------------------------------------
