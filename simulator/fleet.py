@@ -6,7 +6,9 @@ and lengths); only what the variant overrides differs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import gc
+from collections.abc import Callable, Iterator, Sequence
 
 import simpy
 
@@ -85,7 +87,8 @@ def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
     feed = ArrivalFeed(env, specs, log, replicas, route=state.route_fn(router),
                        progress=None if progress is None else report, report_every=max(1, num_requests // 100),
                        log_arrivals=False)
-    run_until(env, sim.horizon_s)
+    with _cycle_collector_paused():
+        run_until(env, sim.horizon_s)
     if not feed.log_arrivals:
         arrived = feed.num_arrived
         log.record_arrivals(workload.arrival_s[:arrived], workload.prompt_tokens[:arrived],
@@ -125,6 +128,22 @@ def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
         summary=summary,
         profile=ProfileInfo(name=profile.name, kind="measured" if profile.is_measured else "analytic"),
     )
+
+
+@contextlib.contextmanager
+def _cycle_collector_paused() -> Iterator[None]:
+    """Python's cycle collector off while the clock runs. The event loop allocates short-lived objects
+    without reference cycles (plans, requests, queue entries): reference counting frees every one of
+    them, and the collector's passes, triggered by the allocations alone, were ~2 % of a run's
+    instructions for nothing. Back on afterwards (if it was on), which collects whatever cycles a
+    mixed-in SimPy process may have left."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _kv_probe(replica: Replica) -> Callable[[], tuple[int, int]]:

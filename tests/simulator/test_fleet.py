@@ -3,6 +3,7 @@ request stream."""
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -156,6 +157,31 @@ def test_arrivals_logged_in_bulk_equal_arrivals_logged_one_by_one(case: str, mon
     assert bulk.keys() == single.keys()
     for name in bulk:
         np.testing.assert_array_equal(bulk[name], single[name], err_msg=name)
+
+
+def test_the_cycle_collector_is_off_only_while_the_clock_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[bool] = []
+    original = fleet.run_until
+
+    def watched(env: Any, until: float | None = None) -> int:
+        seen.append(gc.isenabled())
+        if len(seen) == 2:
+            raise RuntimeError("a callback failed")
+        return original(env, until)
+
+    monkeypatch.setattr(fleet, "run_until", watched)
+    assert gc.isenabled()
+    simulate([])
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(RuntimeError, match="a callback failed"):
+        simulate([])
+    assert gc.isenabled()  # back on after a failed run too
+    gc.disable()
+    try:
+        simulate(["workload.num_requests=20"])
+        assert not gc.isenabled()  # a caller's choice is left as it was
+    finally:
+        gc.enable()
 
 
 # ----- reproducibility ----------------------------------------------------------------------------------
