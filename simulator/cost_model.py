@@ -278,29 +278,38 @@ class StepEnds:
             self._overlap = False
         self._rewind()
         # The run's end, from a walk of its own (the cursor stays at the start, where questions begin).
-        t = start_s
-        ctx = self._ctx_start
+        self.last_end = self._time_after(start_s, self._ctx_start, num_steps)
+
+    def _time_after(self, t: float, ctx: float, num_steps: int) -> float:
+        """``t`` plus the times of ``num_steps`` steps from context sum ``ctx``, added one at a time. A step's
+        time is the same float operations, in the same order, as ``CostModel.time_of`` performs for a
+        decode-only shape (and ``decode_times`` for a run), spelled out over locals: this runs per step."""
+        base = self._base
+        k = self._k
+        attn = self._attn
+        host = self._host
+        factor = self._factor
+        step_ctx = self._step_ctx
         i: i64 = 0
         count: i64 = num_steps
-        while i < count:
-            t += self._step_s(ctx)
-            ctx += self._step_ctx
-            i += 1
-        self.last_end = t
+        if self._overlap:
+            while i < count:
+                dev = base + k * ctx + attn
+                t += (dev if dev > host else host) * factor
+                ctx += step_ctx
+                i += 1
+        else:
+            while i < count:
+                dev = base + k * ctx + attn
+                t += (dev + host) * factor
+                ctx += step_ctx
+                i += 1
+        return t
 
     def _rewind(self) -> None:
         self._j = 0
         self._t = self._prev_t = self._start
         self._ctx = self._ctx_start
-
-    def _step_s(self, ctx: float) -> float:
-        """The time of a decode step with context sum ``ctx``: the same float operations, in the same order,
-        as ``CostModel.time_of`` (and ``decode_times``) performs for that shape."""
-        dev = self._base + self._k * ctx + self._attn
-        host = self._host
-        if self._overlap:
-            return (dev if dev > host else host) * self._factor
-        return (dev + host) * self._factor
 
     def _walk(self, target: int, bound: float, strict: bool) -> int:
         """Move the cursor on to step ``target`` at most, stopping before the first step that ends after
@@ -311,8 +320,15 @@ class StepEnds:
         prev = self._prev_t
         ctx = self._ctx
         step_ctx = self._step_ctx
+        base = self._base
+        k = self._k
+        attn = self._attn
+        host = self._host
+        factor = self._factor
+        overlap = self._overlap
         while j < last:
-            following = t + self._step_s(ctx)
+            dev = base + k * ctx + attn  # a step's time: as in _time_after
+            following = t + ((dev if dev > host else host) if overlap else dev + host) * factor
             if following > bound or (strict and following == bound):
                 break
             prev = t
