@@ -212,7 +212,9 @@ def _sift_toward_root(queue: list[tuple[Any, ...]], start: int, entry: tuple[Any
     while pos > 0:
         parent_pos = (pos - 1) >> 1
         parent = queue[parent_pos]
-        if not _earlier(at, priority, eid, parent):
+        parent_at: float = parent[0]
+        # Times decide almost always; only a tie reads the rest of the key (_earlier).
+        if at > parent_at or (at == parent_at and not _earlier(at, priority, eid, parent)):
             break
         queue[pos] = parent
         pos = parent_pos
@@ -244,15 +246,18 @@ def _replace_head(queue: list[tuple[Any, ...]], last: tuple[Any, ...]) -> None:
     pos: i64 = 0
     child: i64 = 1
     while child < size:
+        smaller = queue[child]
         right = child + 1
         if right < size:
-            c = queue[child]
-            c_at: float = c[0]
-            c_priority: int = c[1]
-            c_eid: int = c[2]
-            if not _earlier(c_at, c_priority, c_eid, queue[right]):
+            other = queue[right]
+            c_at: float = smaller[0]
+            r_at: float = other[0]
+            # The right child when it is earlier: times decide almost always; only a tie reads the rest of
+            # the key (_earlier; keys are unique, so "not left before right" is "right before left").
+            if r_at < c_at or (r_at == c_at and _earlier(r_at, other[1], other[2], smaller)):
                 child = right
-        queue[pos] = queue[child]
+                smaller = other
+        queue[pos] = smaller
         pos = child
         child = 2 * pos + 1
     _sift_toward_root(queue, pos, last)
