@@ -73,6 +73,8 @@ class BlockPool:
         out): a list of chunks, the top one last, each in the order its blocks are handed out; the first
         ``_offset`` blocks of the top chunk are already out. A chunk is usually a freed request's table."""
         self._offset = 0
+        self._offsets: list[int] = []
+        """The ``_offset`` of each chunk below the top, bottom first (kept when a chunk is covered)."""
         self._num_freed = 0
         """Live entries of ``_freed`` (with caching) or blocks in ``_chunks`` (without)."""
         self._hash_of: dict[int, int] = {}
@@ -122,9 +124,9 @@ class BlockPool:
     def _stack_order(self) -> list[int]:
         """Without caching: the freed blocks on the stack, in the order they will be handed out."""
         order: list[int] = []
+        offsets = [*self._offsets, self._offset]
         for position in range(len(self._chunks) - 1, -1, -1):
-            chunk = self._chunks[position]
-            order += chunk[self._offset:] if position == len(self._chunks) - 1 else chunk
+            order += self._chunks[position][offsets[position]:]
         return order
 
     def _live_freed(self) -> list[int]:
@@ -193,8 +195,7 @@ class BlockPool:
                 if num_blocks < available:
                     self._offset = offset + num_blocks
                     return top[offset:offset + num_blocks]
-                chunks.pop()
-                self._offset = 0
+                self._drop_top()
                 return top[offset:] if offset else top
         out: list[int] = []
         remaining = num_blocks
@@ -204,8 +205,7 @@ class BlockPool:
             available = len(top) - offset
             if available <= remaining:
                 out += top[offset:] if offset else top
-                chunks.pop()
-                self._offset = 0
+                self._drop_top()
                 remaining -= available
             else:
                 out += top[offset:offset + remaining]
@@ -236,12 +236,11 @@ class BlockPool:
                 top = chunks[-1]
                 offset = self._offset
                 table.append(top[offset])
-                offset += 1
-                if offset == len(top):
-                    chunks.pop()
-                    offset = 0
-                self._offset = offset
                 self._num_freed -= 1
+                if offset + 1 == len(top):
+                    self._drop_top()
+                else:
+                    self._offset = offset + 1
             else:
                 table.append(self._num_handed)
                 self._num_handed += 1
@@ -265,11 +264,15 @@ class BlockPool:
             return
         self._push_chunk(table)
 
+    def _drop_top(self) -> None:
+        """The top chunk is all out: the one below (if any) is the top again, with its offset."""
+        self._chunks.pop()
+        self._offset = self._offsets.pop() if self._chunks else 0
+
     def _push_chunk(self, chunk: list[int]) -> None:
         chunks = self._chunks
-        offset = self._offset
-        if offset:
-            del chunks[-1][:offset]  # the blocks already out leave the old top before it is covered
+        if chunks:
+            self._offsets.append(self._offset)  # the covered top keeps its place
             self._offset = 0
         chunks.append(chunk)
         self._num_freed += len(chunk)
