@@ -344,7 +344,9 @@ class StepEnds:
     def end(self, step: int) -> float:
         """The end time of step ``step`` (0 .. num_steps; 0 is the start)."""
         target: i64 = step
-        if target < self._j:
+        if target <= self._j:
+            if target == self._j:
+                return self._t
             if target == self._j - 1:
                 return self._prev_t
             self._rewind()

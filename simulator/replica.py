@@ -612,8 +612,10 @@ class _ActiveRun:
         ends = self.ends
         while True:
             next_sample_s = series.next_sample_s
-            if last < ends.num_steps and ends.end(last + 1) < next_sample_s:
-                return  # step last + 1 ends before the grid point: no step up to last is needed (no search)
+            # Step last + 1 ends before the grid point: no step up to last is needed (no search). The whole
+            # planned run ending before it says so without walking to that step (the usual case).
+            if last < ends.num_steps and (ends.last_end < next_sample_s or ends.end(last + 1) < next_sample_s):
+                return
             j = ends.ended_before(next_sample_s)
             if j <= self.num_sampled:
                 j = self.num_sampled + 1
