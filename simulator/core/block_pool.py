@@ -30,7 +30,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64  # compiled, a machine integer; plain int in Python
 
 _COMPACT_SLACK = 1024
 """Stale free-queue entries tolerated beyond the live ones before the queue is rebuilt without them."""
@@ -309,15 +312,22 @@ class BlockPool:
             return
         if len(block_ids) != len(block_hashes):
             raise ValueError(f"{len(block_ids)} blocks but {len(block_hashes)} hashes")
-        hash_of = self._hash_of
-        cached = self.cached
-        # Indexed, not zip(strict=True): compiled, that zip is a generic keyword call (~0.6 us).
-        for i in range(len(block_ids)):
-            block_id = block_ids[i]
-            block_hash = block_hashes[i]
+        # Ids and hashes typed as objects, in lists: compiled, they go from list to dict as they are (as
+        # ints they would be unboxed and boxed anew for every dict operation, and a Sequence is indexed
+        # through a generic call). Indexed, not zip(strict=True): that zip is a generic keyword call.
+        ids: list[Any] = block_ids if isinstance(block_ids, list) else list(block_ids)
+        hashes: list[Any] = block_hashes if isinstance(block_hashes, list) else list(block_hashes)
+        hash_of: dict[Any, Any] = self._hash_of
+        cached: dict[Any, Any] = self.cached
+        i: i64 = 0
+        count: i64 = len(ids)
+        while i < count:
+            block_id = ids[i]
+            block_hash = hashes[i]
             if block_id not in hash_of and block_hash not in cached:
                 cached[block_hash] = block_id
                 hash_of[block_id] = block_hash
+            i += 1
 
     def _compact(self) -> None:
         """Rebuild the freed queue from its live entries, in order (stale entries only cost memory)."""

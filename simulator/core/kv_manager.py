@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from simulator.core.block_pool import BlockPool
 from simulator.core.request import Request
@@ -73,10 +74,12 @@ class KVManager:
         if not self.enable_caching or not request.block_hashes:
             return []
         max_blocks = min(len(request.block_hashes), (request.num_tokens - 1) // self.block_size)
-        cached = self.pool.cached
-        hits = []
-        for block_hash in request.block_hashes[:max_blocks]:
-            block = cached.get(block_hash)
+        # Hashes and ids as objects (see BlockPool.cache_blocks): compiled, no unboxing and re-boxing.
+        cached: dict[Any, Any] = self.pool.cached
+        hashes: list[Any] = request.block_hashes
+        hits: list[Any] = []
+        for index in range(max_blocks):
+            block = cached.get(hashes[index])
             if block is None:
                 break
             hits.append(block)
@@ -86,10 +89,11 @@ class KVManager:
         """How many leading blocks of this hash chain the cache holds now (for prefix-aware routing)."""
         if not self.enable_caching:
             return 0
-        cached = self.pool.cached
+        cached: dict[Any, Any] = self.pool.cached
         n = 0
         for block_hash in block_hashes:
-            if block_hash not in cached:
+            held: Any = block_hash  # an object: compiled, no unboxing and re-boxing for the lookup
+            if held not in cached:
                 break
             n += 1
         return n
