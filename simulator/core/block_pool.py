@@ -28,14 +28,13 @@ The pool knows nothing about requests or scheduling. Standard library only.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from mypy_extensions import i64  # compiled, a machine integer; plain int in Python
 
-_COMPACT_SLACK = 1024
+_COMPACT_SLACK: Final = 1024
 """Stale free-queue entries tolerated beyond the live ones before the queue is rebuilt without them."""
 
 
@@ -45,10 +44,10 @@ class BlockPool:
     The free order starts as all blocks in id order; a freed block goes to the tail. Blocks never handed
     out therefore always sit at the head, in id order (ids ``_num_handed`` and above).
 
-    The freed part of the queue is a deque of block ids. A prefix hit on a free cached block takes it out
-    of the middle of the queue; rather than search the deque, the entry is left in place and skipped when
-    it reaches the head (lazy deletion): an entry is live when its block is free and it is the block's
-    most recent entry (``_entries`` counts each block's entries in the deque).
+    The freed part of the queue is a list of block ids read from a moving head. A prefix hit on a free
+    cached block takes it out of the middle of the queue; rather than search the list, the entry is left in
+    place and skipped when it reaches the head (lazy deletion): an entry is live when its block is free and
+    it is the block's most recent entry (``_entries`` counts each block's entries in the queue).
 
     One block per hash: if two requests compute the same block concurrently, the second copy is simply
     not indexed (vLLM keeps duplicates; a duplicate can never be found by a later lookup that the first
@@ -68,9 +67,11 @@ class BlockPool:
         self._entries: list[int] = []
         """Entries of each block in ``_freed`` (lazy deletion); kept only with caching, the one user of
         removal from the middle."""
-        self._freed: deque[int] = deque()
+        self._freed: list[int] = []
         """With caching: blocks handed out and freed since, in the order they were freed (after the
-        never-used ones)."""
+        never-used ones), from ``_freed_head`` on: a list read from a moving head (entries before it are
+        gone; the list is cut when they are most of it) is a queue whose operations are native, compiled."""
+        self._freed_head = 0
         self._chunks: list[list[int]] = []
         """Without caching, the free stack (blocks handed out and freed since, the most recently freed first
         out): a list of chunks, the top one last, each in the order its blocks are handed out; the first
@@ -135,11 +136,12 @@ class BlockPool:
     def _live_freed(self) -> list[int]:
         """The live entries of the freed queue, in order: a free block's most recent entry."""
         later: dict[int, int] = {}
-        for block_id in self._freed:
+        queued = self._freed[self._freed_head:]
+        for block_id in queued:
             later[block_id] = later.get(block_id, 0) + 1
         live = []
         ref = self._ref
-        for block_id in self._freed:
+        for block_id in queued:
             later[block_id] -= 1
             if later[block_id] == 0 and ref[block_id] == 0:
                 live.append(block_id)
@@ -168,20 +170,28 @@ class BlockPool:
             return out
         self._num_freed -= remaining
         freed = self._freed
+        head: i64 = self._freed_head
         entries = self._entries
-        hash_of = self._hash_of
+        hash_of: dict[Any, Any] = self._hash_of
+        cached: dict[Any, Any] = self.cached
         while remaining:
-            block_id = freed.popleft()
+            block_id = freed[head]
+            head += 1
             entries[block_id] -= 1
             if entries[block_id] or ref[block_id]:
                 continue  # a stale entry: the block was taken by a hit, or freed again later
-            block_hash = hash_of.pop(block_id, None)
+            held: Any = block_id  # an object for the dict: compiled, not boxed anew
+            block_hash = hash_of.pop(held, None)
             if block_hash is not None:
-                del self.cached[block_hash]
+                del cached[block_hash]
                 self.num_evictions += 1
             ref[block_id] = 1
             out.append(block_id)
             remaining -= 1
+        if head > _COMPACT_SLACK and 2 * head > len(freed):
+            del freed[:head]  # the entries read are most of the list: drop them (amortised O(1) each)
+            head = 0
+        self._freed_head = head
         return out
 
     def _pop_stack(self, num_blocks: int) -> list[int]:
@@ -255,7 +265,7 @@ class BlockPool:
             if ref[block_id] == 0:
                 self._num_freed -= 1  # its queue entry goes stale
             ref[block_id] += 1
-        if len(self._freed) > 2 * self._num_freed + _COMPACT_SLACK:
+        if len(self._freed) - self._freed_head > 2 * self._num_freed + _COMPACT_SLACK:
             self._compact()
 
     def free_table(self, table: list[int]) -> None:
@@ -333,8 +343,9 @@ class BlockPool:
         """Rebuild the freed queue from its live entries, in order (stale entries only cost memory)."""
         live = self._live_freed()
         entries = self._entries
-        for block_id in self._freed:
+        for block_id in self._freed[self._freed_head:]:
             entries[block_id] = 0
         for block_id in live:
             entries[block_id] = 1
-        self._freed = deque(live)
+        self._freed = live
+        self._freed_head = 0

@@ -93,6 +93,23 @@ def test_hits_on_free_blocks_leave_no_unbounded_trail() -> None:
     assert pool.num_evictions == 2 and not pool.cached
 
 
+def test_a_long_churn_keeps_the_lru_order_and_a_bounded_queue() -> None:
+    """Thousands of frees and pops (past the point where the queue drops the entries it has read): the
+    hand-out order stays least recently freed first, and the queue holds only the free blocks' entries."""
+    pool = BlockPool(8)
+    expected = list(range(8))
+    for round_ in range(1500):
+        taken = pool.get_new_blocks(5)
+        assert taken == expected[:5]
+        expected = expected[5:]
+        order = taken[::-1] if round_ % 2 else taken[1:] + taken[:1]
+        pool.free_blocks(order)
+        expected += order
+        assert pool.free_queue == expected
+    assert len(pool._freed) - pool._freed_head == pool.num_free
+    assert len(pool._freed) < 3000  # the entries read were dropped along the way
+
+
 def test_prefix_hit_capped_below_the_last_token() -> None:
     kv = KVManager(8, 4)
     first = Request(RequestSpec(0, 0.0, 8, 1, block_hashes=(10, 11)))
