@@ -302,14 +302,18 @@ class BlockPool:
                 chunk.reverse()
                 self._push_chunk(chunk)
             return
-        freed = self._freed
+        freed: list[Any] = self._freed
         ref = self._ref
         entries = self._entries
-        for block_id in blocks:
+        # Ids held as objects too: compiled, the queue takes the very object (an id boxed anew per free
+        # would be an allocation); the int indexes the per-block lists.
+        given: list[Any] = blocks if isinstance(blocks, list) else list(blocks)
+        for held in given:
+            block_id: int = held
             count = ref[block_id] - 1
             ref[block_id] = count
             if count == 0:
-                freed.append(block_id)
+                freed.append(held)
                 self._num_freed += 1
                 entries[block_id] += 1
             elif count < 0:
