@@ -234,11 +234,11 @@ class StepEnds:
     moves forward with the questions (one before it restarts the walk from the run's start), so a run cut
     after a few of its planned steps costs those few additions, and no list of floats is built at all.
 
-    Steps are numbered from 1; ``last_end`` is the end of the run's last planned step. A replica reuses
-    one object from run to run (``reset``)."""
+    Steps are numbered from 1; ``start`` is the run's start (the end of "step 0") and ``last_end`` the end
+    of its last planned step. A replica reuses one object from run to run (``reset``)."""
 
     __slots__ = ("_attn", "_base", "_ctx", "_ctx_start", "_factor", "_host", "_j", "_k", "_overlap",
-                 "_prev_t", "_start", "_step_ctx", "_t", "last_end", "num_steps")
+                 "_prev_t", "_step_ctx", "_t", "last_end", "num_steps", "start")
 
     def __init__(self) -> None:
         self.num_steps: i64 = 0
@@ -249,7 +249,7 @@ class StepEnds:
         self._t = 0.0
         self._prev_t = 0.0
         self._ctx = 0.0
-        self._start = 0.0
+        self.start = 0.0
         self._ctx_start = 0.0
         self._step_ctx = 0.0
         self._base = 0.0
@@ -263,7 +263,7 @@ class StepEnds:
         """``num_steps`` decode-only steps of ``batch`` sequences from ``start_s``, the first with context sum
         ``ctx_sum_start``, each later one ``batch`` more (as ``decode_times``)."""
         self.num_steps = num_steps
-        self._start = start_s
+        self.start = start_s
         self._ctx_start = float(ctx_sum_start)  # whole numbers: exact in a double, as float(int) of each sum
         if batch > 0:
             self._base, self._host = model.decode_base_host(batch)
@@ -277,38 +277,12 @@ class StepEnds:
             self._factor = 1.0
             self._overlap = False
         self._rewind()
-        # The run's end, from a walk of its own (the cursor stays at the start, where questions begin).
-        self.last_end = self._time_after(start_s, self._ctx_start, num_steps)
-
-    def _time_after(self, t: float, ctx: float, num_steps: int) -> float:
-        """``t`` plus the times of ``num_steps`` steps from context sum ``ctx``, added one at a time. A step's
-        time is the same float operations, in the same order, as ``CostModel.time_of`` performs for a
-        decode-only shape (and ``decode_times`` for a run), spelled out over locals: this runs per step."""
-        base = self._base
-        k = self._k
-        attn = self._attn
-        host = self._host
-        factor = self._factor
-        step_ctx = self._step_ctx
-        i: i64 = 0
-        count: i64 = num_steps
-        if self._overlap:
-            while i < count:
-                dev = base + k * ctx + attn
-                t += (dev if dev > host else host) * factor
-                ctx += step_ctx
-                i += 1
-        else:
-            while i < count:
-                dev = base + k * ctx + attn
-                t += (dev + host) * factor
-                ctx += step_ctx
-                i += 1
-        return t
+        self.last_end = self.end(num_steps)
+        self._rewind()  # questions begin at the run's start
 
     def _rewind(self) -> None:
         self._j = 0
-        self._t = self._prev_t = self._start
+        self._t = self._prev_t = self.start
         self._ctx = self._ctx_start
 
     def _walk(self, target: int, bound: float, strict: bool) -> int:
@@ -327,7 +301,9 @@ class StepEnds:
         factor = self._factor
         overlap = self._overlap
         while j < last:
-            dev = base + k * ctx + attn  # a step's time: as in _time_after
+            # A step's time: the same float operations, in the same order, as CostModel.time_of performs for
+            # a decode-only shape (and decode_times for a run), spelled out over locals (this runs per step).
+            dev = base + k * ctx + attn
             following = t + ((dev if dev > host else host) if overlap else dev + host) * factor
             if following > bound or (strict and following == bound):
                 break

@@ -474,7 +474,7 @@ class Replica:
                 # Step end times accumulated one addition at a time from now, as the step-by-step
                 # clock does (worked out as they are asked for).
                 active.ends.reset(self.cost_model, run.batch, run.ctx_sum_start, num_steps, start)
-                active.restart(start, self._cut_possible and run.batch < self._max_num_seqs)
+                active.restart(self._cut_possible and run.batch < self._max_num_seqs)
                 self._run_state = active
                 active.advance(start)  # the first step is scheduled now
                 self._event = self.clock.at(active.ends.last_end, self._run_end_callbacks, self._event)
@@ -537,7 +537,7 @@ class Replica:
                 log.on_finish(request.request_id, delivered, request.num_cached_tokens, request.num_preemptions)
         self.num_steps += k
         self.num_fast_steps += k
-        self.busy_s += end - active.start
+        self.busy_s += end - active.ends.start
         self._next()
 
 
@@ -555,14 +555,12 @@ class _ActiveRun:
         self.run = run
         self.ends = StepEnds()
         """The run's step end times (reset with each run)."""
-        self.start = 0.0
         self.cut_on_arrival = False
         self.cut = False
         self.num_sampled = 0
 
-    def restart(self, start: float, cut_on_arrival: bool) -> None:
+    def restart(self, cut_on_arrival: bool) -> None:
         """Track a new run of ``run`` and ``ends`` (both restarted by the caller)."""
-        self.start = start
         self.cut_on_arrival = cut_on_arrival
         self.cut = False
         self.num_sampled = 0

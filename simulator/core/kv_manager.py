@@ -134,20 +134,18 @@ class KVManager:
             evictable_hits = 0
         if num_new + evictable_hits > self.pool.num_free:
             return None
+        to_pop = num_new
         if not blocks:
             if num_new and not new_computed_blocks:
                 # The request starts holding KV: the pool's new list becomes its table (no copy).
                 blocks = request.block_table = self.pool.get_new_blocks(num_new)
-                self.req_blocks[request.request_id] = blocks
-                if self.enable_caching and request.block_hashes:
-                    self._cache_full_blocks(request, blocks, num_new_tokens, 0)
-                return num_new
+                to_pop = 0
             self.req_blocks[request.request_id] = blocks  # the request starts holding KV (or may: an empty table)
         if new_computed_blocks:
             self.pool.touch(new_computed_blocks)
             blocks.extend(new_computed_blocks)
-        if num_new:
-            blocks.extend(self.pool.get_new_blocks(num_new))
+        if to_pop:
+            blocks.extend(self.pool.get_new_blocks(to_pop))
         if self.enable_caching and request.block_hashes:
             self._cache_full_blocks(request, blocks, num_new_tokens, len(new_computed_blocks))
         return num_new
