@@ -34,8 +34,9 @@ from typing import Any
 
 import simpy
 
-from simulator import fleet, native
-from simulator.fleet import run
+from simulator import native
+from simulator.fleet import fleet
+from simulator.fleet.fleet import run
 from simulator.scenario import load_mapping
 
 TRACE = "${traces}/azure_llm_2023_conv.csv"

@@ -17,8 +17,7 @@ from pathlib import Path
 
 from calibration import scale
 from calibration.engine.configs import ModelShape, get_model
-from simulator.errors import ConfigError
-from simulator.profile import (
+from simulator.cost.profile import (
     Accelerator,
     CommModel,
     DeviceCoefficients,
@@ -31,6 +30,7 @@ from simulator.profile import (
     load_hardware,
     profiles_dir,
 )
+from simulator.errors import ConfigError
 
 DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float16": 2}
 """Dtypes an analytic profile can price: hardware.yaml holds BF16/FP16 tensor rates only."""

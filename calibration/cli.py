@@ -32,7 +32,7 @@ class CalibrationOutputs:
     csv_path: Path
     html_path: Path
     profile: Any
-    """The measured simulator.profile.Profile written."""
+    """The measured simulator.cost.profile.Profile written."""
     skipped: list[str]
     knee_fitted: bool
 
@@ -54,7 +54,7 @@ def hardware_label(device: str, explicit: str | None = None) -> str:
     if not device.startswith("cuda"):
         return "CPU"
     from calibration.profiler import device_name
-    from simulator.profile import load_hardware
+    from simulator.cost.profile import load_hardware
 
     name = device_name(device).upper()
     for key in sorted(load_hardware(), key=len, reverse=True):
@@ -198,7 +198,7 @@ def calibrate(
         library_versions,
         run_grid,
     )
-    from simulator.profile import MemoryFigures, Provenance, get_accelerator, list_profiles, load_profile
+    from simulator.cost.profile import MemoryFigures, Provenance, get_accelerator, list_profiles, load_profile
 
     cuda = device.startswith("cuda")
     if cuda and not torch.cuda.is_available():

@@ -290,7 +290,7 @@ def _layer_profile(plan: Plan, model: str, scaling: Any, errors: list[Any]) -> A
     from calibration.engine.configs import get_model
     from calibration.profiler import device_name, git_revision, library_versions
     from calibration.scale import comm_model, full_model_profile
-    from simulator.profile import MemoryFigures, Provenance, list_profiles, load_profile
+    from simulator.cost.profile import MemoryFigures, Provenance, list_profiles, load_profile
 
     hw = hardware_label(plan.device)
     shape = get_model(model, plan.layer_tp)

@@ -26,8 +26,7 @@ import plotly.graph_objects as go
 from scipy.optimize import least_squares, lsq_linear, nnls
 
 from calibration.profiler import SHAPE_COLUMNS
-from simulator.errors import ConfigError
-from simulator.profile import (
+from simulator.cost.profile import (
     CommModel,
     DeviceCoefficients,
     FitError,
@@ -38,6 +37,7 @@ from simulator.profile import (
     Provenance,
     ValidRange,
 )
+from simulator.errors import ConfigError
 
 LINEAR_PARAMS: tuple[str, ...] = (
     "a0_s", "weight_s", "per_token_s", "per_ctx_token_s", "per_attn_pair_s", "per_seq_s", "multi_token_s"
@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     The memory figures of the profile come from a reference profile (``--memory-from``), typically the
     analytic one for the same hardware and model, unless the engine's measured KV capacity is given.
     """
-    from simulator.profile import load_profile
+    from simulator.cost.profile import load_profile
 
     parser = argparse.ArgumentParser(description="Fit the step-time model to a timings CSV.")
     parser.add_argument("timings", type=Path)

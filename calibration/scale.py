@@ -18,8 +18,8 @@ import numpy as np
 from scipy.optimize import lsq_linear
 
 from calibration.engine.configs import ModelShape
-from simulator.cost_model import allreduce_time_s
-from simulator.profile import (
+from simulator.cost.cost_model import allreduce_time_s
+from simulator.cost.profile import (
     CommModel,
     DeviceCoefficients,
     FitError,

@@ -7,7 +7,7 @@ Two modes:
 
 - ``realtime``: requests enter the engine at their arrival times on the wall clock (checked at every step
   boundary, as a serving loop does); TTFT/TPOT/E2E come from the engine's token timestamps. The
-  simulator replays the same specs through ``simulator.fleet.simulate``. Decisions match step for step
+  simulator replays the same specs through ``simulator.fleet.fleet.simulate``. Decisions match step for step
   as long as both see each arrival at the same step boundary, so the share of identical steps is
   reported (not asserted: a 5 % slower step can move an arrival across a boundary).
 - ``lockstep``: deterministic. The engine is driven on a virtual clock that advances by the profile's
@@ -36,11 +36,11 @@ import pandas as pd
 from simulator.core.config import SchedulerConfig
 from simulator.core.request import RequestSpec, RequestStatus
 from simulator.core.step import StepPlan, StepShape
-from simulator.cost_model import CostModel
+from simulator.cost.cost_model import CostModel
+from simulator.cost.profile import Profile, load_profile
 from simulator.errors import ConfigError
-from simulator.metrics import RequestLog
-from simulator.profile import Profile, load_profile
-from simulator.workload import Workload
+from simulator.results.metrics import RequestLog
+from simulator.workload.workload import Workload
 
 Mode = Literal["realtime", "lockstep", "both"]
 METRICS: tuple[str, ...] = ("ttft", "tpot", "e2e")
@@ -86,7 +86,7 @@ class ValidationOptions:
 
 def scaled_trace_workload(options: ValidationOptions, *, block_size: int, rate_rps: float) -> Workload:
     """The trace's first ``num_requests`` rows at ``rate_rps``, lengths scaled so a CPU engine keeps up."""
-    from simulator.workload import TraceConfig, WorkloadConfig, generate
+    from simulator.workload.workload import TraceConfig, WorkloadConfig, generate
 
     config = WorkloadConfig(
         num_requests=options.num_requests,
@@ -101,7 +101,7 @@ def scaled_trace_workload(options: ValidationOptions, *, block_size: int, rate_r
 
 def trace_shape(options: ValidationOptions) -> tuple[float, float]:
     """Mean prompt and output tokens of the scaled trace rows that will be replayed."""
-    from simulator.traces import load_trace
+    from simulator.workload.traces import load_trace
 
     rows = load_trace("azure", options.trace, max_rows=options.num_requests)
     prompt = np.clip(np.rint(np.maximum(rows.prompt_tokens, 1) * options.prompt_scale), 1, options.max_prompt_tokens)
@@ -344,9 +344,9 @@ def simulate_recorded(config: SchedulerConfig, cost: CostModel, specs: Sequence[
     """The simulator's step compositions: a SimPy replica (step by step) whose scheduler records each plan."""
     import simpy
 
-    from simulator.arrivals import ArrivalFeed
-    from simulator.metrics import ReplicaSeries
-    from simulator.replica import Replica, run_until
+    from simulator.fleet.arrival_feed import ArrivalFeed
+    from simulator.fleet.replica import Replica, run_until
+    from simulator.results.metrics import ReplicaSeries
 
     env = simpy.Environment()
     log = RequestLog(len(specs))
@@ -468,8 +468,8 @@ def validate(options: ValidationOptions, *, out_dir: str | Path, progress: bool 
     """Replay one workload on the engine and in the simulator; write fidelity.json, fidelity.html and
     per-request / per-step CSVs to ``out_dir``."""
     from calibration.fit import save_figure
-    from simulator.fleet import simulate
-    from simulator.profile import resolve_profile_path
+    from simulator.cost.profile import resolve_profile_path
+    from simulator.fleet.fleet import simulate
     from simulator.scenario import resolve_replica
 
     profile_path = resolve_profile_path(options.profile)

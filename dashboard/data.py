@@ -31,15 +31,15 @@ import yaml
 from simulator.core.config import Batching, KVPolicy
 from simulator.core.presets import PRESETS
 from simulator.core.step import StepShape
-from simulator.cost_model import CostModel
+from simulator.cost.cost_model import CostModel
+from simulator.cost.profile import Profile, list_profiles, load_hardware, load_profile, resolve_profile_path
 from simulator.errors import ConfigError
-from simulator.fleet import run
-from simulator.metrics import RunResult, Summary
-from simulator.profile import Profile, list_profiles, load_hardware, load_profile, resolve_profile_path
-from simulator.report import SUMMARY_ROWS, format_value
-from simulator.router import ROUTERS
+from simulator.fleet.fleet import run
+from simulator.fleet.router import ROUTERS
+from simulator.results.metrics import RunResult, Summary
+from simulator.results.report import SUMMARY_ROWS, format_value
 from simulator.scenario import LoadedScenario, load_mapping, load_scenario, pick_profile
-from simulator.traces import TRACES_TOKEN, TraceFormat, read_trace, traces_dir
+from simulator.workload.traces import TRACES_TOKEN, TraceFormat, read_trace, traces_dir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS_DIR = REPO_ROOT / "scenarios"

@@ -1,4 +1,4 @@
-"""Plotly figures of the Calibration and Trace explorer pages (the run plots come from ``simulator.report``).
+"""Plotly figures of the Calibration and Trace explorer pages (the run plots come from ``simulator.results.report``).
 
 Pure functions from the tables ``data.py`` builds to ``go.Figure``; no Streamlit here.
 """

@@ -16,8 +16,8 @@ import streamlit as st
 
 from dashboard import data
 from simulator.errors import ConfigError
-from simulator.metrics import RunResult
-from simulator.report import build_figures
+from simulator.results.metrics import RunResult
+from simulator.results.report import build_figures
 
 
 def show_error(err: ConfigError) -> None:

@@ -18,11 +18,11 @@ from typing import Any
 
 import pandas as pd
 
-import simulator.plan as _plan
-import simulator.sweep as _sweep
-from simulator.fleet import run as _run
-from simulator.metrics import RunResult
-from simulator.plan import PlanResult
+import simulator.planning.plan as _plan
+import simulator.planning.sweep as _sweep
+from simulator.fleet.fleet import run as _run
+from simulator.planning.plan import PlanResult
+from simulator.results.metrics import RunResult
 from simulator.scenario import LoadedScenario, load_mapping
 from simulator.scenario import load_scenario as _load_scenario
 
@@ -49,11 +49,12 @@ def run(scenario: ScenarioLike, overrides: Sequence[str] = (), *, seed: int | No
 
 
 def plan(scenario: ScenarioLike, *, slo: Any = None, overrides: Sequence[str] = (), **options: Any) -> PlanResult:
-    """Capacity plan (``simulator.plan.plan``): ``.replicas``, ``.text()``, ``.candidates_df()``, ``.trials``."""
+    """Capacity plan (``simulator.planning.plan.plan``): ``.replicas``, ``.text()``, ``.candidates_df()``,
+    ``.trials``."""
     return _plan.plan(load_scenario(scenario, overrides), slo=slo, **options)
 
 
 def sweep(grid: str | Path | Mapping[str, Any], *, executor: str = "local", workers: int | None = None,
           address: str | None = None, show_progress: bool = False) -> pd.DataFrame:
-    """Run a grid file (or the same mapping) -> one row per task and variant (``simulator.sweep.sweep``)."""
+    """Run a grid file (or the same mapping) -> one row per task and variant (``simulator.planning.sweep.sweep``)."""
     return _sweep.sweep(grid, executor=executor, workers=workers, address=address, show_progress=show_progress)

@@ -40,12 +40,12 @@ MODULES = (
     "simulator.core.kv_manager",
     "simulator.core.scheduler",
     "simulator.core.decode_run",
-    "simulator.cost_model",
-    "simulator.request_log",
-    "simulator.series",
-    "simulator.replica",
-    "simulator.arrivals",
-    "simulator.loads",
+    "simulator.cost.cost_model",
+    "simulator.results.request_log",
+    "simulator.results.series",
+    "simulator.fleet.replica",
+    "simulator.fleet.arrival_feed",
+    "simulator.fleet.loads",
 )
 """The modules compiled, all of them on the per-step path."""
 

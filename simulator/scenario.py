@@ -21,11 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from simulator import yaml_text
 from simulator.core.config import Batching, KVPolicy, Preemption, QueuePolicy, SchedulerConfig
 from simulator.core.presets import PRESETS
+from simulator.cost.profile import Profile, config_error_from_validation, get_accelerator, list_profiles, load_profile
 from simulator.errors import ConfigError
-from simulator.metrics import SLO, CostConfig
-from simulator.profile import Profile, config_error_from_validation, get_accelerator, list_profiles, load_profile
-from simulator.router import RouterConfig
-from simulator.workload import WorkloadConfig
+from simulator.fleet.router import RouterConfig
+from simulator.results.metrics import SLO, CostConfig
+from simulator.workload.workload import WorkloadConfig
 
 SCHEMA_VERSION = 1
 PresetName = Literal["vllm", "tgi", "trtllm", "trtllm-max-util"]

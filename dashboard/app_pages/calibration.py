@@ -5,8 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import data, figures, widgets
+from simulator.cost.profile import list_profiles
 from simulator.errors import ConfigError
-from simulator.profile import list_profiles
 
 st.title("Calibration")
 

@@ -6,7 +6,7 @@ import streamlit as st
 
 from dashboard import data, figures, widgets
 from simulator.errors import ConfigError
-from simulator.traces import TraceFormat, traces_dir
+from simulator.workload.traces import TraceFormat, traces_dir
 
 st.title("Trace explorer")
 

@@ -14,9 +14,9 @@ from calibration.analytic import (
 )
 from calibration.engine.configs import get_model
 from simulator.core.step import StepShape
-from simulator.cost_model import CostModel
+from simulator.cost.cost_model import CostModel
+from simulator.cost.profile import ProfileKind, Provenance, list_profiles, load_hardware, load_profile
 from simulator.errors import ConfigError
-from simulator.profile import ProfileKind, Provenance, list_profiles, load_hardware, load_profile
 
 
 def test_h200_8b_matches_first_principles() -> None:

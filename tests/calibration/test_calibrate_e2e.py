@@ -16,8 +16,8 @@ import pytest
 pytest.importorskip("torch")
 
 from calibration.cli import register
-from simulator.profile import ProfileKind, load_profile
-from simulator.traces import traces_dir
+from simulator.cost.profile import ProfileKind, load_profile
+from simulator.workload.traces import traces_dir
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -79,8 +79,8 @@ def test_calibrate_then_validate(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 def test_shipped_cpu_profile_serves_a_cpu_scenario() -> None:
     """A scenario on hardware 'CPU' finds the shipped measured CPU profile and runs (no price: no cost)."""
-    from simulator.fleet import run
-    from simulator.profile import list_profiles
+    from simulator.cost.profile import list_profiles
+    from simulator.fleet.fleet import run
     from simulator.scenario import load_mapping
 
     if "cpu-small-tp1-measured" not in list_profiles():

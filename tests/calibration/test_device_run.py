@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 
 from calibration.device_run import main
-from simulator.profile import load_profile
+from simulator.cost.profile import load_profile
 
 
 def test_dry_run_writes_every_stage(tmp_path: Path) -> None:

@@ -23,8 +23,8 @@ from calibration.fit import (
     predict_device,
     save_figure,
 )
+from simulator.cost.profile import DeviceCoefficients, MemoryFigures, ProfileKind, Provenance
 from simulator.errors import ConfigError
-from simulator.profile import DeviceCoefficients, MemoryFigures, ProfileKind, Provenance
 
 TRUE = DeviceCoefficients(
     a0_s=256e-6, weight_s=3.9e-3, per_token_s=2.5e-5, knee_p=4.0, per_ctx_token_s=3.4e-8,

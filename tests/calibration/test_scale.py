@@ -15,8 +15,8 @@ from calibration.scale import (
     step_time_at_layers,
 )
 from simulator.core.step import StepShape
-from simulator.cost_model import CostModel
-from simulator.profile import DeviceCoefficients, MemoryFigures, ProfileKind, Provenance
+from simulator.cost.cost_model import CostModel
+from simulator.cost.profile import DeviceCoefficients, MemoryFigures, ProfileKind, Provenance
 
 FIXED = DeviceCoefficients(a0_s=50e-6, weight_s=0.27e-3, per_token_s=1.7e-6, per_ctx_token_s=0.0,
                            per_attn_pair_s=0.0, per_seq_s=2e-6)

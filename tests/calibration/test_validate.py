@@ -21,9 +21,8 @@ from calibration.validate import (
 )
 from simulator.core.config import SchedulerConfig
 from simulator.core.request import RequestSpec
-from simulator.cost_model import CostModel
-from simulator.metrics import RequestLog
-from simulator.profile import (
+from simulator.cost.cost_model import CostModel
+from simulator.cost.profile import (
     DeviceCoefficients,
     HostCoefficients,
     MemoryFigures,
@@ -31,7 +30,8 @@ from simulator.profile import (
     ProfileKind,
     Provenance,
 )
-from simulator.traces import traces_dir
+from simulator.results.metrics import RequestLog
+from simulator.workload.traces import traces_dir
 
 
 def _log(ttft: list[float], e2e: list[float], out: list[int]) -> RequestLog:

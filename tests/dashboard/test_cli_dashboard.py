@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator import cli_dashboard
+from simulator.cli import dashboard as cli_dashboard
 
 
 def parser() -> argparse.ArgumentParser:
@@ -44,7 +44,7 @@ def test_subcommand_runs_streamlit_on_the_port(monkeypatch: pytest.MonkeyPatch) 
 
 def test_simulator_never_imports_the_dashboard() -> None:
     code = (
-        "import sys, simulator.cli, simulator.cli_dashboard, simulator.fleet, simulator.report; "
+        "import sys, simulator.cli.main, simulator.cli.dashboard, simulator.fleet.fleet, simulator.results.report; "
         "print(sorted(m for m in sys.modules if m == 'dashboard' or m.startswith('dashboard.') "
         "or m == 'streamlit' or m.startswith('streamlit.')))"
     )

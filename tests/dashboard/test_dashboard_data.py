@@ -14,9 +14,9 @@ import yaml
 pytest.importorskip("streamlit")
 
 from dashboard import data
-from simulator import cli
+from simulator.cli import main as cli
+from simulator.cost.profile import ProfileKind, list_profiles, load_profile
 from simulator.errors import ConfigError
-from simulator.profile import ProfileKind, list_profiles, load_profile
 from simulator.scenario import load_scenario, pick_profile
 
 SMALL = 120
@@ -266,7 +266,7 @@ def test_measured_points_beside_a_profile(tmp_path: Path) -> None:
     assert data.timings_path(path) is None
     shapes = [data.decode_shape(b, c) for b in (1, 8, 64) for c in (512, 2048)]
     shapes += [data.prefill_shape(n, p) for n in (128, 1024) for p in (0, 2048)]
-    from simulator.cost_model import CostModel
+    from simulator.cost.cost_model import CostModel
 
     model = CostModel(measured)
     frame = pd.DataFrame([s._asdict() for s in shapes]).drop(columns="num_swap_tokens")

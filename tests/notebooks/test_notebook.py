@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.traces import traces_dir
+from simulator.workload.traces import traces_dir
 
 nbformat = pytest.importorskip("nbformat", reason="nbformat is a dev dependency")
 nbclient = pytest.importorskip("nbclient", reason="nbclient is a dev dependency")

@@ -8,13 +8,13 @@ import math
 import pytest
 import simpy
 
-from simulator.arrivals import ArrivalFeed
 from simulator.core.config import SchedulerConfig
 from simulator.core.request import RequestSpec
-from simulator.cost_model import CostModel
-from simulator.metrics import ReplicaSeries, RequestLog
-from simulator.profile import load_profile
-from simulator.replica import Replica
+from simulator.cost.cost_model import CostModel
+from simulator.cost.profile import load_profile
+from simulator.fleet.arrival_feed import ArrivalFeed
+from simulator.fleet.replica import Replica
+from simulator.results.metrics import ReplicaSeries, RequestLog
 
 PROFILE = "h200-llama-3-8b-tp1-analytic"
 

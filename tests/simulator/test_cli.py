@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from simulator.cli import EXIT_USAGE, main
+from simulator.cli.main import EXIT_USAGE, main
 from simulator.core.presets import PRESETS
-from simulator.profile import list_profiles
-from simulator.router import ROUTERS
+from simulator.cost.profile import list_profiles
+from simulator.fleet.router import ROUTERS
 
 TINY: dict[str, Any] = {
     "schema_version": 1,

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.core.step import StepShape
-from simulator.cost_model import CostModel, StepEnds, allreduce_time_s
-from simulator.profile import CommModel, load_profile
+from simulator.cost.cost_model import CostModel, StepEnds, allreduce_time_s
+from simulator.cost.profile import CommModel, load_profile
 
 BASE = load_profile("h200-llama-3-8b-tp1-analytic")
 

@@ -6,8 +6,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from simulator.fleet import run
-from simulator.replica import Replica
+from simulator.fleet.fleet import run
+from simulator.fleet.replica import Replica
 from simulator.scenario import load_mapping
 
 BASE: dict[str, Any] = {

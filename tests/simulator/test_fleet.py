@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from simulator import fleet
-from simulator.arrivals import ArrivalFeed
 from simulator.core.request import RequestStatus
-from simulator.fleet import run
-from simulator.metrics import RequestOutcome, RunResult
-from simulator.replica import Replica
+from simulator.fleet import fleet
+from simulator.fleet.arrival_feed import ArrivalFeed
+from simulator.fleet.fleet import run
+from simulator.fleet.replica import Replica
+from simulator.results.metrics import RequestOutcome, RunResult
 from simulator.scenario import load_mapping
 
 BASE: dict[str, Any] = {
@@ -249,7 +249,7 @@ def test_running_and_waste_figures() -> None:
 def test_router_load_signal_counts_every_held_request(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Replica.load (one length, read by every load-aware router) equals running + waiting + swapped at
     every routing decision, through preemptions, swaps and decode runs."""
-    from simulator import router as router_module
+    from simulator.fleet import router as router_module
 
     route_fn = router_module.RouterState.route_fn
     checked = []
@@ -278,7 +278,7 @@ def test_a_fleet_without_prefix_caching_gives_the_same_run_without_block_hashes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Specs skip their block hashes when no replica caches prefixes; nothing may depend on them then."""
-    from simulator.workload import Workload
+    from simulator.workload.workload import Workload
 
     overrides = [*SESSIONS, "router.policy=prefix_aware", "engine.prefix_caching=false"]
     skipped = run(load_mapping(BASE, overrides)).variants["base"]

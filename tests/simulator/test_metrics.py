@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from simulator import metrics
-from simulator.metrics import (
+from simulator.results import metrics
+from simulator.results.metrics import (
     SLO,
     CostConfig,
     ProfileInfo,

@@ -20,7 +20,7 @@ RUN = """
 import sys, numpy as np
 sys.path.insert(0, {tests!r})
 import simulator.native
-from simulator.fleet import run
+from simulator.fleet.fleet import run
 from simulator.scenario import load_mapping
 from test_fast_path import BASE, CASES
 columns = {{}}
@@ -86,7 +86,7 @@ def test_compiled_build_gives_identical_results(tmp_path: Path) -> None:
 def test_build_native_without_mypyc_is_one_line_and_exit_1(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from simulator.cli import main
+    from simulator.cli.main import main
 
     monkeypatch.setenv("FLEETSIM_NATIVE_CACHE", str(tmp_path))
     find_spec = importlib.util.find_spec
@@ -95,7 +95,7 @@ def test_build_native_without_mypyc_is_one_line_and_exit_1(
     err = capsys.readouterr().err.strip()
     assert err.startswith("fleetsim: error: mypyc is not installed") and "\n" not in err
     # A fresh process with an empty cache: nothing built for these sources, pure Python in use.
-    status = _python("from simulator.cli import main; main(['build-native', '--status'])",
+    status = _python("from simulator.cli.main import main; main(['build-native', '--status'])",
                      FLEETSIM_NATIVE_CACHE=str(tmp_path), FLEETSIM_PURE_PYTHON="")
     assert status.startswith("compiled hot path: not built for these sources")
 
@@ -103,7 +103,7 @@ def test_build_native_without_mypyc_is_one_line_and_exit_1(
 def test_build_native_into_an_unwritable_cache_is_one_line_and_exit_1(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from simulator.cli import main
+    from simulator.cli.main import main
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")

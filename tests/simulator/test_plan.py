@@ -13,11 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
-from simulator import cli
+from simulator.cli import main as cli
 from simulator.errors import ConfigError
-from simulator.fleet import run
-from simulator.metrics import MetricCI
-from simulator.plan import (
+from simulator.fleet.fleet import run
+from simulator.planning.plan import (
     Criterion,
     Evaluation,
     ReplicaAnswer,
@@ -28,6 +27,7 @@ from simulator.plan import (
     plan,
     smallest_passing,
 )
+from simulator.results.metrics import MetricCI
 from simulator.scenario import deep_merge, expand_dotted, load_mapping
 
 SMALL: dict[str, Any] = {
@@ -193,7 +193,7 @@ def test_unreachable_slo_has_no_answer() -> None:
 
 @pytest.fixture()
 def plugin(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(cli.PLUGINS, "plan", "simulator.cli_plan")
+    monkeypatch.setitem(cli.PLUGINS, "plan", "simulator.cli.plan")
 
 
 def test_cli_plan_prints_the_answer_and_writes_plan_json(plugin: None, tmp_path: Path,

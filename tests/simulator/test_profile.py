@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from simulator.errors import ConfigError
-from simulator.profile import (
+from simulator.cost.profile import (
     Profile,
     ProfileKind,
     get_accelerator,
@@ -20,6 +19,7 @@ from simulator.profile import (
     parse_profile,
     profiles_dir,
 )
+from simulator.errors import ConfigError
 
 DEFAULT = "h200-llama-3-8b-tp1-analytic"
 
@@ -171,7 +171,7 @@ def test_hardware_table_every_figure_sourced() -> None:
 
 
 def test_hardware_figure_without_source_rejected(tmp_path: Path) -> None:
-    from simulator.profile import hardware_path
+    from simulator.cost.profile import hardware_path
 
     data = yaml.safe_load(hardware_path().read_text())
     del data["accelerators"]["H200"]["sources"]["memory_bandwidth_Bps"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.metrics import (
+from simulator.results.metrics import (
     SLO,
     ProfileInfo,
     ReplicaSeries,
@@ -14,7 +14,7 @@ from simulator.metrics import (
     VariantResult,
     summarize,
 )
-from simulator.report import MAX_REPLICA_LINES, render_report
+from simulator.results.report import MAX_REPLICA_LINES, render_report
 
 PLOT_IDS = ("ttft-cdf", "tpot-cdf", "e2e-cdf", "throughput", "queue", "prefix-hit", "kv-util-0")
 

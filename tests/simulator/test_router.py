@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from simulator.core.request import RequestSpec
-from simulator.loads import first_min_index, least_loaded_index
-from simulator.router import (
+from simulator.fleet.loads import first_min_index, least_loaded_index
+from simulator.fleet.router import (
     ROUTERS,
     HashRing,
     LeastRequestsRouter,

@@ -16,13 +16,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from simpy.events import URGENT
 
-from simulator.arrivals import ArrivalFeed
 from simulator.core.config import SchedulerConfig
 from simulator.core.request import RequestSpec
-from simulator.cost_model import CostModel
-from simulator.metrics import ReplicaSeries, RequestLog
-from simulator.profile import load_profile
-from simulator.replica import Replica, heap_pop, heap_push, heap_replace, run_until
+from simulator.cost.cost_model import CostModel
+from simulator.cost.profile import load_profile
+from simulator.fleet.arrival_feed import ArrivalFeed
+from simulator.fleet.replica import Replica, heap_pop, heap_push, heap_replace, run_until
+from simulator.results.metrics import ReplicaSeries, RequestLog
 
 PROFILE = "h200-llama-3-8b-tp1-analytic"
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from simulator.fleet import run
-from simulator.metrics import RunResult, Summary
+from simulator.fleet.fleet import run
+from simulator.results.metrics import RunResult, Summary
 from simulator.scenario import load_scenario
-from simulator.traces import TRACES_TOKEN, traces_dir
+from simulator.workload.traces import TRACES_TOKEN, traces_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "scenarios"

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from simulator import cli
+from simulator.cli import main as cli
 from simulator.errors import ConfigError
-from simulator.sweep import build_tasks, load_grid, pareto_front, run_task, run_tasks, save_sweep, sweep
+from simulator.planning.sweep import build_tasks, load_grid, pareto_front, run_task, run_tasks, save_sweep, sweep
 
 SCENARIO: dict[str, Any] = {
     "schema_version": 1,
@@ -100,7 +100,7 @@ def test_save_writes_table_and_pareto_html(tmp_path: Path) -> None:
 
 
 def test_cli_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(cli.PLUGINS, "plan", "simulator.cli_plan")
+    monkeypatch.setitem(cli.PLUGINS, "plan", "simulator.cli.plan")
     path = write_grid(tmp_path, {"fleet.replicas": [1, 2]}, seeds=[0], set={"workload.num_requests": 20})
     out = tmp_path / "out"
     assert cli.main(["sweep", str(path), "--workers", "1", "--out", str(out), "--quiet"]) == 0

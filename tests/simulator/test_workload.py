@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from simulator.core.request import RequestSpec
-from simulator.workload import (
+from simulator.workload.workload import (
     ARRIVAL_PROCESSES,
     LENGTH_DISTRIBUTIONS,
     CurveArrival,

@@ -14,8 +14,8 @@ from itertools import islice
 import simpy
 
 from simulator.core.request import RequestSpec
-from simulator.metrics import RequestLog
-from simulator.replica import Clock, Replica, Wake
+from simulator.fleet.replica import Clock, Replica, Wake
+from simulator.results.metrics import RequestLog
 
 RouteFn = Callable[[RequestSpec, float], int]
 """route(spec, now) -> index of the replica that receives it."""

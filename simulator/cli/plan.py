@@ -10,12 +10,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from simulator.cli import checked_out_dir, fresh_out_dir
+from simulator.cli.main import checked_out_dir, fresh_out_dir
 from simulator.errors import ConfigError
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from simulator.plan import parse_search, parse_slo, plan, print_log
+    from simulator.planning.plan import parse_search, parse_slo, plan, print_log
 
     slo = parse_slo(args.slo) if args.slo else None
     search = parse_search(args.search or [])
@@ -43,7 +43,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from simulator.sweep import load_grid, save_sweep, sweep
+    from simulator.planning.sweep import load_grid, save_sweep, sweep
 
     grid, _, _ = load_grid(args.grid)  # a bad grid file fails here, before any worker starts
     name = f"{Path(args.grid).stem}-sweep"
@@ -61,7 +61,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _print_front(frame: Any, keys: list[str], latency: str) -> None:
-    from simulator.sweep import pareto_points
+    from simulator.planning.sweep import pareto_points
 
     points = pareto_points(frame, keys, y=latency)
     front = points[points["on_front"]].sort_values("cost_per_mtok_usd")
@@ -76,7 +76,7 @@ def _print_front(frame: Any, keys: list[str], latency: str) -> None:
 
 def register(subparsers: Any) -> None:
     """Add ``plan`` and ``sweep`` to the CLI's subparsers."""
-    from simulator.plan import DEFAULT_SEEDS
+    from simulator.planning.plan import DEFAULT_SEEDS
 
     p = subparsers.add_parser("plan", help="smallest fleet meeting an SLO, one replica's knee, cost, sensitivity")
     p.add_argument("scenario", help="scenario YAML file")

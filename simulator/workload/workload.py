@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from simulator.core.request import RequestSpec, specs_from_columns
 from simulator.errors import ConfigError
-from simulator.traces import MOONCAKE_BLOCK_TOKENS, TraceFormat, TraceRows, load_trace, resolve_trace_path
+from simulator.workload.traces import MOONCAKE_BLOCK_TOKENS, TraceFormat, TraceRows, load_trace, resolve_trace_path
 
 # --- configuration -----------------------------------------------------------------------------------
 

@@ -48,11 +48,11 @@ import pandas as pd
 from pydantic import ValidationError
 
 from simulator import yaml_text
+from simulator.cost.profile import config_error_from_validation
 from simulator.errors import ConfigError
-from simulator.metrics import SLO, MetricCI, Summary, round_sig, summaries_with_ci
-from simulator.profile import config_error_from_validation
+from simulator.results.metrics import SLO, MetricCI, Summary, round_sig, summaries_with_ci
 from simulator.scenario import LoadedScenario, deep_merge, expand_dotted, load_mapping, load_scenario
-from simulator.workload import Workload
+from simulator.workload.workload import Workload
 
 __all__ = [
     "Criterion",
@@ -266,9 +266,9 @@ def compress(workload: Workload, factor: float) -> Workload:
 
 def _simulate_point(point: _Point) -> Summary:
     """Top-level (spawn-safe): validate the mapping, replay the (compressed) stream, return the Summary."""
-    from simulator.fleet import simulate
+    from simulator.fleet.fleet import simulate
     from simulator.scenario import resolve_replica
-    from simulator.workload import generate
+    from simulator.workload.workload import generate
 
     loaded = load_mapping(point.raw, seed=point.seed, source=Path(point.source) if point.source else None)
     scenario = loaded.scenario
@@ -536,7 +536,7 @@ def _verdict(answer: ReplicaAnswer, crit: list[Criterion], num_seeds: int) -> tu
 
 def _stream_rate(loaded: LoadedScenario, load_factor: float) -> float:
     from simulator.scenario import resolve_replica
-    from simulator.workload import generate
+    from simulator.workload.workload import generate
 
     sc = loaded.scenario
     w = generate(sc.workload, seed=sc.seed, block_size=resolve_replica(sc).scheduler.block_size,

@@ -41,8 +41,8 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from simulator.request_log import RequestLog, RequestOutcome, latencies_s
-from simulator.series import (
+from simulator.results.request_log import RequestLog, RequestOutcome, latencies_s
+from simulator.results.series import (
     SERIES_COLUMNS,
     ReplicaSeries,
     fleet_kv_util_mean,
@@ -482,7 +482,7 @@ class RunResult:
         are written to a temporary folder beside ``out_dir`` first and moved in when all are complete, so
         an interrupted save leaves no half-written report behind.
         """
-        from simulator.report import render_report  # report imports this module
+        from simulator.results.report import render_report  # report imports this module
 
         out_dir = Path(out_dir)
         if out_dir.exists() and not out_dir.is_dir():

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from simulator.metrics import RequestOutcome, RunResult, Summary, VariantResult
+from simulator.results.metrics import RequestOutcome, RunResult, Summary, VariantResult
 
 __all__ = [
     "CDF_POINTS",

@@ -94,7 +94,7 @@ def _progress_bar(enabled: bool) -> tuple[Callable[[str, int, int], None] | None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from simulator.fleet import run
+    from simulator.fleet.fleet import run
     from simulator.scenario import load_scenario
 
     loaded = load_scenario(args.scenario, args.set or [], seed=args.seed)
@@ -119,7 +119,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
-    from simulator.profile import list_profiles, load_profile
+    from simulator.cost.profile import list_profiles, load_profile
 
     for name in list_profiles():
         profile = load_profile(name)
@@ -131,7 +131,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 def cmd_policies(args: argparse.Namespace) -> int:
     from simulator.core.config import Batching, KVPolicy, Preemption, QueuePolicy
     from simulator.core.presets import PRESETS
-    from simulator.router import ROUTERS
+    from simulator.fleet.router import ROUTERS
 
     families: dict[str, list[str]] = {
         "batching": [b.value for b in Batching],
@@ -141,7 +141,7 @@ def cmd_policies(args: argparse.Namespace) -> int:
         "router": list(ROUTERS),
         "preset": list(PRESETS),
     }
-    from simulator.workload import ARRIVAL_PROCESSES, LENGTH_DISTRIBUTIONS, TraceFormat
+    from simulator.workload.workload import ARRIVAL_PROCESSES, LENGTH_DISTRIBUTIONS, TraceFormat
 
     families["arrival"] = list(ARRIVAL_PROCESSES)
     families["length dist"] = list(LENGTH_DISTRIBUTIONS)
@@ -174,8 +174,8 @@ def cmd_build_native(args: argparse.Namespace) -> int:
 
 
 PLUGINS: dict[str, str] = {
-    "dashboard": "simulator.cli_dashboard",
-    "plan": "simulator.cli_plan",
+    "dashboard": "simulator.cli.dashboard",
+    "plan": "simulator.cli.plan",
     "calibration": "calibration.cli",
 }
 """Subcommands that live in other modules (module path -> it defines ``register(subparsers)``)."""

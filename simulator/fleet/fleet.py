@@ -12,9 +12,12 @@ from collections.abc import Callable, Iterator, Sequence
 
 import simpy
 
-from simulator.arrivals import ArrivalFeed
-from simulator.cost_model import CostModel
-from simulator.metrics import (
+from simulator.cost.cost_model import CostModel
+from simulator.cost.profile import get_accelerator
+from simulator.fleet.arrival_feed import ArrivalFeed
+from simulator.fleet.replica import Replica, run_until
+from simulator.fleet.router import RouterState, make_router
+from simulator.results.metrics import (
     ProfileInfo,
     ReplicaSeries,
     RequestLog,
@@ -25,11 +28,8 @@ from simulator.metrics import (
     fleet_running_mean,
     summarize,
 )
-from simulator.profile import get_accelerator
-from simulator.replica import Replica, run_until
-from simulator.router import RouterState, make_router
 from simulator.scenario import LoadedScenario, Scenario, resolve_replica, scenario_record
-from simulator.workload import Workload, generate
+from simulator.workload.workload import Workload, generate
 
 ProgressFn = Callable[[str, int, int], None]
 """progress(variant, requests arrived so far, total requests)."""

@@ -23,10 +23,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.core.request import RequestSpec
-from simulator.loads import LeastLoadedRoute, least_loaded_index
+from simulator.fleet.loads import LeastLoadedRoute, least_loaded_index
 
 if TYPE_CHECKING:
-    from simulator.arrivals import RouteFn
+    from simulator.fleet.arrival_feed import RouteFn
 
 RouterPolicy = Literal[
     "round_robin", "random", "least_requests", "least_kv", "power_of_two", "session_affinity", "prefix_aware"

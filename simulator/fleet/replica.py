@@ -26,8 +26,8 @@ from simulator.core.decode_run import DecodeRun
 from simulator.core.request import Request, RequestSpec, RequestStatus
 from simulator.core.scheduler import Scheduler
 from simulator.core.step import StepPlan, shape_fields
-from simulator.cost_model import CostModel, StepEnds
-from simulator.metrics import ReplicaSeries, RequestLog
+from simulator.cost.cost_model import CostModel, StepEnds
+from simulator.results.metrics import ReplicaSeries, RequestLog
 
 if TYPE_CHECKING:
     from mypy_extensions import i64  # compiled, a machine integer; plain int in Python

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simulator.core.step import StepShape
-from simulator.profile import CommModel, Profile
+from simulator.cost.profile import CommModel, Profile
 
 if TYPE_CHECKING:
     from mypy_extensions import i64  # compiled, a machine integer; plain int in Python

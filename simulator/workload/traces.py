@@ -66,7 +66,7 @@ def traces_dir() -> Path:
     env = os.environ.get("FLEETSIM_TRACES")
     if env:
         return Path(env).expanduser()
-    return Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
+    return Path(__file__).resolve().parents[2].parent / "shared" / "data" / "traces"
 
 
 def resolve_trace_path(path: str | Path, base_dir: Path | None = None) -> Path:

@@ -42,8 +42,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simulator import yaml_text
+from simulator.cost.profile import config_error_from_validation
 from simulator.errors import ConfigError
-from simulator.profile import config_error_from_validation
 from simulator.scenario import deep_merge, expand_dotted
 
 __all__ = [
@@ -151,7 +151,7 @@ def build_tasks(raw: Mapping[str, Any], grid: Mapping[str, Sequence[Any]], seeds
 
 def run_task(task: SweepTask) -> list[dict[str, Any]]:
     """Run one task; one row per variant, or one row with ``error`` set. Never raises for a bad scenario."""
-    from simulator.fleet import run  # imported here so that a spawned worker pays for it once, on first use
+    from simulator.fleet.fleet import run  # imported here so that a spawned worker pays for it once, on first use
     from simulator.scenario import load_mapping
 
     head: dict[str, Any] = {"task_id": task.task_id, "seed": task.seed, **task.overrides}
