@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the second real-time engine run (the host's noise floor, ~5 min)")
     args = parser.parse_args(argv)
 
-    from calibration.cli import calibrate
+    from calibration.calibrate import calibrate
     from calibration.validate import ValidationOptions, print_report, validate
 
     profile = args.profile

@@ -36,8 +36,8 @@ import simpy
 
 from simulator import native
 from simulator.fleet import fleet
-from simulator.fleet.fleet import run
 from simulator.scenario import load_mapping
+from simulator.simulation import run
 
 TRACE = "${traces}/azure_llm_2023_conv.csv"
 
@@ -62,7 +62,7 @@ def chat_scenario(num_requests: int, replicas: int, rate_per_replica: float, **e
 
 
 class EventCounter:
-    """Counts SimPy events processed, as ``replica.run_until`` reports them (the fleet's event loop, which
+    """Counts SimPy events processed, as ``clock.run_until`` reports them (the fleet's event loop, which
     dispatches the replicas' events itself rather than through ``Environment.step``)."""
 
     def __init__(self) -> None:

@@ -232,7 +232,7 @@ def _info(plan: Plan, model: str, grid: str, num_layers: int, extra: dict[str, A
 
 def stage_grid(plan: Plan, out: Path, *, progress: bool) -> dict[str, Any]:
     """The full-model grid through ``fleetsim calibrate``'s own code path: raw CSV, fit, measured profile."""
-    from calibration.cli import calibrate, hardware_label
+    from calibration.calibrate import calibrate, hardware_label
 
     hw = hardware_label(plan.device)
     outputs = calibrate(device=plan.device, model=plan.grid_model, grid=plan.grid, dtype=plan.dtype,
@@ -251,7 +251,8 @@ def stage_layers(plan: Plan, out: Path, model: str, *, progress: bool) -> dict[s
     """Per-layer grids at k distinct layers (TP shapes), fits per k, lines in k, the full-depth profile."""
     from calibration.engine.configs import get_model
     from calibration.fit import fit_timings
-    from calibration.profiler import layer_grid, run_grid
+    from calibration.grid import layer_grid
+    from calibration.profiler import run_grid
     from calibration.scale import fit_layer_scaling
 
     grid = layer_grid(model, quick=plan.layer_grid_quick)
@@ -286,7 +287,7 @@ def _layer_profile(plan: Plan, model: str, scaling: Any, errors: list[Any]) -> A
     import datetime as dt
 
     from calibration.analytic import ALLREDUCE_ALPHA_S
-    from calibration.cli import hardware_label, measure_copy_bandwidth
+    from calibration.calibrate import hardware_label, measure_copy_bandwidth
     from calibration.engine.configs import get_model
     from calibration.profiler import device_name, git_revision, library_versions
     from calibration.scale import comm_model, full_model_profile
@@ -323,7 +324,8 @@ def stage_scaling(plan: Plan, out: Path) -> dict[str, Any]:
     """T(k) for k layers of the same model at one decode shape; a line through them and its R²."""
     import csv
 
-    from calibration.profiler import decode_point, measure_point
+    from calibration.grid import decode_point
+    from calibration.profiler import measure_point
     from calibration.scale import fit_layer_times
     from calibration.timing import RepeatPolicy
 

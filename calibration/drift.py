@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from calibration.grid import GridPoint, get_grid
 from calibration.profiler import (
     Clock,
-    GridPoint,
     TimedRunner,
     aggregate_passes,
-    get_grid,
     load_sidecar,
     measure_point,
     read_timings,

@@ -18,36 +18,42 @@ Two modes:
 Outputs: ``fidelity.json`` (p50/p90/p99 relative errors of TTFT, TPOT, E2E, throughput error; per-step
 errors; identical-step shares), ``fidelity.html`` (CDFs, engine vs simulator) and per-request and
 per-step CSVs.
+
+This module resolves what is replayed (options, workload, scenario), runs each mode and writes and prints
+the report; the replay loops are calibration/replay.py, the error arithmetic calibration/fidelity.py.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 
+from calibration.fidelity import (
+    METRICS,
+    figure_cdfs,
+    per_step_errors,
+    relative_errors,
+    step_agreement,
+    throughput_tok_s,
+)
+from calibration.replay import EngineRun, run_engine_lockstep, run_engine_realtime, simulate_recorded
 from simulator.core.config import SchedulerConfig
-from simulator.core.request import RequestSpec, RequestStatus
-from simulator.core.step import StepPlan, StepShape
+from simulator.core.request import RequestSpec
+from simulator.core.step import StepShape
 from simulator.cost.cost_model import CostModel
 from simulator.cost.profile import Profile, load_profile
 from simulator.errors import ConfigError
-from simulator.results.metrics import RequestLog
+from simulator.results.request_log import RequestLog
 from simulator.workload.workload import Workload
 
 Mode = Literal["realtime", "lockstep", "both"]
-METRICS: tuple[str, ...] = ("ttft", "tpot", "e2e")
-PERCENTILES: tuple[int, ...] = (50, 90, 99)
-
-Composition = tuple[tuple[int, int], ...]
-"""One step as (request id, new tokens) per scheduled request, in plan order."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,7 +92,8 @@ class ValidationOptions:
 
 def scaled_trace_workload(options: ValidationOptions, *, block_size: int, rate_rps: float) -> Workload:
     """The trace's first ``num_requests`` rows at ``rate_rps``, lengths scaled so a CPU engine keeps up."""
-    from simulator.workload.workload import TraceConfig, WorkloadConfig, generate
+    from simulator.workload.config import TraceConfig, WorkloadConfig
+    from simulator.workload.generate import generate
 
     config = WorkloadConfig(
         num_requests=options.num_requests,
@@ -160,30 +167,7 @@ def build_scenario(profile_path: Path, profile: Profile, options: ValidationOpti
     }
     return load_mapping(raw).scenario
 
-
-# ----- the engine side ---------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class EngineRun:
-    """What the engine did: per-request log, step compositions and per-step times."""
-
-    log: RequestLog
-    steps: list[Composition]
-    step_shapes: list[StepShape]
-    device_s: list[float]
-    cycle_s: list[float]
-    cpu_s: list[float] = field(default_factory=list)
-    """Thread CPU time of each ``engine.step()`` (the profile's clock on CPU with one torch thread)."""
-    predicted_s: list[float] = field(default_factory=list)
-    """Cost model's step time of each step (lockstep mode)."""
-    admitted_at_step: dict[int, int] = field(default_factory=dict)
-    """Step index before which each request was handed to the engine."""
-    wall_s: float = 0.0
-
-
-def _composition(request_ids: Sequence[int], num_new: Sequence[int]) -> Composition:
-    return tuple(zip(request_ids, num_new, strict=True))
+# ----- the engine ----------------------------------------------------------------------------------------
 
 
 def _make_engine(profile: Profile, config: SchedulerConfig, options: ValidationOptions) -> Any:
@@ -222,254 +206,39 @@ def _warm_up(engine: Any) -> None:
                               [seqs_ids])
 
 
-class _WallClock:
-    """Real time: arrivals wait on the wall clock; tokens are stamped by the engine as they appear."""
-
-    def __init__(self, engine: Any) -> None:
-        self._engine = engine
-        self.t0 = engine.now()
-
-    def now(self) -> float:
-        return self._engine.now() - self.t0
-
-    def idle_until(self, t: float) -> None:
-        time.sleep(max(0.0, t - self.now()))
-
-    def account(self, run: EngineRun, record: Any, cpu_s: float) -> None:
-        _account(run, record, self.t0, cpu_s)
+# ----- the modes ---------------------------------------------------------------------------------------
 
 
-class _VirtualClock:
-    """Lockstep: a clock advanced by the cost model's time of each step the engine runs, as a simulated
-    replica's would be; the engine's own times are recorded but decide nothing."""
+@dataclass(frozen=True, slots=True)
+class ValidationSetup:
+    """What both sides replay, resolved from the options before either runs."""
 
-    def __init__(self, cost: CostModel) -> None:
-        self._cost = cost
-        self._t = 0.0
+    options: ValidationOptions
+    profile_path: Path
+    profile: Profile
+    rate_rps: float
+    """Mean arrival rate replayed (the options' or ``default_rate``)."""
+    scenario: Any
+    """The simulator's one-replica scenario (``build_scenario``)."""
+    config: SchedulerConfig
+    """The scheduler config both sides run: the scenario's replica's."""
+    workload: Workload
+    specs: list[RequestSpec]
+    cost: CostModel
+    """The profile's cost model (lockstep's clock and the predicted step times)."""
+    out: Path
+    """Folder the report is written to."""
 
-    def now(self) -> float:
-        return self._t
-
-    def idle_until(self, t: float) -> None:
-        self._t = max(self._t, t)  # idle: the replica sleeps until the next arrival
-
-    def account(self, run: EngineRun, record: Any, cpu_s: float) -> None:
-        step_s = self._cost.step_time(record.shape)
-        self._t += step_s
-        run.predicted_s.append(step_s)
-        _account(run, record, None, cpu_s, virtual_end_s=self._t)
-
-
-def run_engine_realtime(engine: Any, specs: Sequence[RequestSpec], prompts: Sequence[Sequence[int]],
-                        *, progress: bool = True) -> EngineRun:
-    """Serve ``specs`` on the wall clock: each request is added at the first step boundary at or after
-    its arrival time; while idle the loop sleeps until the next arrival."""
-    return _serve(engine, specs, prompts, _WallClock(engine), desc="engine (real time)", progress=progress)
-
-
-def run_engine_lockstep(engine: Any, specs: Sequence[RequestSpec], prompts: Sequence[Sequence[int]],
-                        cost: CostModel, *, progress: bool = True) -> EngineRun:
-    """Serve ``specs`` on a virtual clock advanced by ``cost`` per step: a request is added at the step
-    boundary where a simulated replica would see it. Deterministic; times are measured but not used
-    for decisions."""
-    return _serve(engine, specs, prompts, _VirtualClock(cost), desc="engine (lockstep)", progress=progress)
+    def fresh_engine(self) -> Any:
+        """A new engine (empty KV pool and queues), warmed up."""
+        engine = _make_engine(self.profile, self.config, self.options)
+        _warm_up(engine)
+        return engine
 
 
-def _serve(engine: Any, specs: Sequence[RequestSpec], prompts: Sequence[Sequence[int]],
-           clock: _WallClock | _VirtualClock, *, desc: str, progress: bool) -> EngineRun:
-    """The replay loop both modes share: hand over arrivals at each step boundary, step the engine, and
-    let ``clock`` say what time it is, how idling passes, and how a step is accounted."""
-    log = RequestLog(len(specs))
-    run = EngineRun(log=log, steps=[], step_shapes=[], device_s=[], cycle_s=[])
-    bar = _bar(len(specs), desc, progress)
-    wall0 = time.perf_counter()
-    i, n = 0, len(specs)
-    while i < n or engine.has_work:
-        i = _add_arrivals(engine, specs, prompts, i, clock.now(), run)
-        if not engine.has_work:
-            clock.idle_until(specs[i].arrival_s)
-            continue
-        cpu0 = time.thread_time()
-        record = engine.step()
-        cpu_s = time.thread_time() - cpu0
-        if record.shape.num_seqs == 0:
-            if i >= n:
-                raise RuntimeError("the engine has work it cannot start and no arrival will change that")
-            clock.idle_until(specs[i].arrival_s)
-            continue
-        clock.account(run, record, cpu_s)
-        if bar is not None:
-            bar.update(len(record.finished_ids))
-    run.wall_s = time.perf_counter() - wall0
-    if bar is not None:
-        bar.close()
-    return run
-
-
-def _add_arrivals(engine: Any, specs: Sequence[RequestSpec], prompts: Sequence[Sequence[int]], i: int,
-                  now: float, run: EngineRun) -> int:
-    """Hand the engine every request that has arrived by ``now``, from index ``i``; returns the next index."""
-    log = run.log
-    while i < len(specs) and specs[i].arrival_s <= now:
-        spec = specs[i]
-        log.on_arrival(spec.request_id, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, None)
-        if engine.add_request(spec, prompts[i]).status is RequestStatus.REJECTED:
-            log.on_rejected(spec.request_id, spec.arrival_s)
-        run.admitted_at_step[spec.request_id] = len(run.steps)
-        i += 1
-    return i
-
-
-def _account(run: EngineRun, record: Any, t0: float | None, cpu_s: float, *,
-             virtual_end_s: float | None = None) -> None:
-    """Log first tokens and finishes of one step: at the engine's token timestamps (real time) or at the
-    virtual step end (lockstep)."""
-    run.steps.append(_composition(record.request_ids, record.num_new_tokens))
-    run.step_shapes.append(record.shape)
-    run.device_s.append(record.device_s)
-    run.cycle_s.append(record.cycle_s)
-    run.cpu_s.append(cpu_s)
-    finished = set(record.finished_ids)
-    for event in record.events:
-        t = virtual_end_s if virtual_end_s is not None else event.timestamp_s - (t0 or 0.0)
-        run.log.on_first_token(event.request_id, t)
-        if event.request_id in finished:
-            run.log.on_finish(event.request_id, t, 0, 0)
-
-
-# ----- the simulator side ------------------------------------------------------------------------------
-
-
-def simulate_recorded(config: SchedulerConfig, cost: CostModel, specs: Sequence[RequestSpec]) -> list[Composition]:
-    """The simulator's step compositions: a SimPy replica (step by step) whose scheduler records each plan."""
-    import simpy
-
-    from simulator.fleet.arrival_feed import ArrivalFeed
-    from simulator.fleet.replica import Replica, run_until
-    from simulator.results.metrics import ReplicaSeries
-
-    env = simpy.Environment()
-    log = RequestLog(len(specs))
-    plans: list[StepPlan] = []
-
-    def record(plan: StepPlan) -> None:
-        if plan.requests:
-            plans.append(plan)
-
-    replica = Replica(env, 0, config, cost, log, ReplicaSeries(0, 1.0), fast_path=False, on_plan=record)
-
-    ArrivalFeed(env, specs, log, [replica])
-    run_until(env)
-    return [_composition([r.request_id for r in p.requests], p.num_new_tokens) for p in plans]
-
-
-# ----- comparison --------------------------------------------------------------------------------------
-
-
-def _percentiles_ms(log: RequestLog) -> dict[str, dict[int, float]]:
-    lat = log.latencies_ms()
-    done = ~np.isnan(log.columns()["finish_s"])
-    out = {}
-    for metric in METRICS:
-        values = lat[f"{metric}_ms"][done]
-        values = values[~np.isnan(values)]
-        out[metric] = {q: float(np.percentile(values, q)) if len(values) else math.nan for q in PERCENTILES}
-    return out
-
-
-def throughput_tok_s(log: RequestLog) -> float:
-    c = log.columns()
-    done = ~np.isnan(c["finish_s"])
-    span = float(np.nanmax(c["finish_s"]) - np.nanmin(c["arrival_s"]))
-    return float(c["output_tokens"][done].sum()) / span if span > 0 else math.nan
-
-
-def relative_errors(engine: RequestLog, simulated: RequestLog) -> dict[str, Any]:
-    """(simulated − engine) / engine of each percentile, and of output-token throughput."""
-    eng, sim = _percentiles_ms(engine), _percentiles_ms(simulated)
-    out: dict[str, Any] = {}
-    for metric in METRICS:
-        out[metric] = {f"p{q}_err": _rel(sim[metric][q], eng[metric][q]) for q in PERCENTILES}
-        out[metric].update({f"p{q}_engine_ms": eng[metric][q] for q in PERCENTILES})
-        out[metric].update({f"p{q}_sim_ms": sim[metric][q] for q in PERCENTILES})
-    out["throughput_err"] = _rel(throughput_tok_s(simulated), throughput_tok_s(engine))
-    return out
-
-
-def _rel(predicted: float, observed: float) -> float:
-    return (predicted - observed) / observed if observed and math.isfinite(observed) else math.nan
-
-
-def step_agreement(engine_steps: Sequence[Composition], sim_steps: Sequence[Composition]) -> dict[str, Any]:
-    """Share of step indices whose compositions are identical (over the longer sequence), and the first
-    index where they differ (None when identical throughout)."""
-    longest = max(len(engine_steps), len(sim_steps))
-    same = sum(1 for a, b in zip(engine_steps, sim_steps, strict=False) if a == b)
-    first = next((i for i, (a, b) in enumerate(zip(engine_steps, sim_steps, strict=False)) if a != b), None)
-    if first is None and len(engine_steps) != len(sim_steps):
-        first = min(len(engine_steps), len(sim_steps))
-    return {
-        "engine_steps": len(engine_steps),
-        "sim_steps": len(sim_steps),
-        "identical_share": same / longest if longest else 1.0,
-        "first_difference": first,
-    }
-
-
-def per_step_errors(predicted_s: Sequence[float], measured_s: Sequence[float]) -> dict[str, float]:
-    """Relative error of predicted against measured step times: MAPE, p50/p99 of |error|, and of the total."""
-    pred = np.asarray(predicted_s, dtype=np.float64)
-    obs = np.asarray(measured_s, dtype=np.float64)
-    rel = (pred - obs) / obs
-    return {
-        "mape": float(np.mean(np.abs(rel))),
-        "p50_abs_err": float(np.percentile(np.abs(rel), 50)),
-        "p99_abs_err": float(np.percentile(np.abs(rel), 99)),
-        "mean_err": float(np.mean(rel)),
-        "total_time_err": float(pred.sum() / obs.sum() - 1.0),
-    }
-
-
-# ----- report ------------------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class ValidationReport:
-    fidelity: dict[str, Any]
-    """Contents of fidelity.json."""
-    out_dir: Path
-    files: list[Path]
-
-
-def figure_cdfs(engine: RequestLog, simulated: RequestLog, *, title: str) -> Any:
-    """CDFs of TTFT, TPOT and E2E: engine against simulator, one panel each."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    fig = make_subplots(rows=1, cols=3, subplot_titles=[f"{m.upper()} (ms)" for m in METRICS])
-    for col, metric in enumerate(METRICS, start=1):
-        for name, log, color in (("engine", engine, "#1f77b4"), ("simulator", simulated, "#d62728")):
-            values = np.sort(log.latencies_ms()[f"{metric}_ms"])
-            values = values[~np.isnan(values)]
-            if not len(values):
-                continue
-            fig.add_trace(
-                go.Scatter(x=values, y=np.arange(1, len(values) + 1) / len(values), mode="lines", name=name,
-                           line={"color": color}, legendgroup=name, showlegend=col == 1),
-                row=1, col=col,
-            )
-        fig.update_xaxes(type="log", row=1, col=col)
-    fig.update_yaxes(title_text="share of requests", row=1, col=1)
-    fig.update_layout(title=title, height=420)
-    return fig
-
-
-def validate(options: ValidationOptions, *, out_dir: str | Path, progress: bool = True) -> ValidationReport:
-    """Replay one workload on the engine and in the simulator; write fidelity.json, fidelity.html and
-    per-request / per-step CSVs to ``out_dir``."""
-    from calibration.fit import save_figure
+def prepare(options: ValidationOptions, out_dir: str | Path) -> ValidationSetup:
+    """Load the measured profile and derive the rate, scenario, scheduler config and workload from it."""
     from simulator.cost.profile import resolve_profile_path
-    from simulator.fleet.fleet import simulate
     from simulator.scenario import resolve_replica
 
     profile_path = resolve_profile_path(options.profile)
@@ -485,109 +254,171 @@ def validate(options: ValidationOptions, *, out_dir: str | Path, progress: bool 
     cost = CostModel(profile)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    return ValidationSetup(options=options, profile_path=profile_path, profile=profile, rate_rps=rate,
+                           scenario=scenario, config=config, workload=workload, specs=specs, cost=cost, out=out)
+
+
+def validate(options: ValidationOptions, *, out_dir: str | Path, progress: bool = True) -> ValidationReport:
+    """Replay one workload on the engine and in the simulator; write fidelity.json, fidelity.html and
+    per-request / per-step CSVs to ``out_dir``."""
+    setup = prepare(options, out_dir)
+    fidelity = _workload_summary(setup)
     files: list[Path] = []
-    fidelity: dict[str, Any] = {
+    engine = setup.fresh_engine()
+    prompts = _prompts(setup.specs, engine.shape.vocab_size, options.seed)
+    if options.mode in ("lockstep", "both"):
+        fidelity["lockstep"], steps_csv = compare_lockstep(setup, engine, prompts, progress=progress)
+        files.append(steps_csv)
+        engine = setup.fresh_engine()  # fresh KV pool and queues for the next mode
+    if options.mode in ("realtime", "both"):
+        realtime, realtime_files = compare_realtime(setup, engine, prompts, progress=progress)
+        fidelity.update(realtime)
+        files.extend(realtime_files)
+    path = setup.out / "fidelity.json"
+    path.write_text(json.dumps(_json_safe(fidelity), indent=2) + "\n")
+    files.append(path)
+    return ValidationReport(fidelity=fidelity, out_dir=setup.out, files=files)
+
+
+def _workload_summary(setup: ValidationSetup) -> dict[str, Any]:
+    """The head of fidelity.json: the profile, the workload replayed and the scheduler limits."""
+    profile, workload, config = setup.profile, setup.workload, setup.config
+    return {
         "profile": profile.name,
         "profile_mape": profile.fit_error.mape if profile.fit_error else None,
-        "num_requests": len(specs),
-        "rate_rps": rate,
+        "num_requests": len(setup.specs),
+        "rate_rps": setup.rate_rps,
         "mean_prompt_tokens": float(workload.prompt_tokens.mean()),
         "mean_output_tokens": float(workload.output_tokens.mean()),
         "scheduler": {"max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": config.max_num_batched_tokens,
                       "num_blocks": config.num_blocks, "block_size": config.block_size},
     }
-    engine = _make_engine(profile, config, options)
-    _warm_up(engine)
-    prompts = _prompts(specs, engine.shape.vocab_size, options.seed)
 
-    if options.mode in ("lockstep", "both"):
-        lock = run_engine_lockstep(engine, specs, prompts, cost, progress=progress)
-        sim_steps = simulate_recorded(config, cost, specs)
-        agreement = step_agreement(lock.steps, sim_steps)
-        admitted_same = all(lock.admitted_at_step.get(s.request_id) is not None for s in specs)
-        fidelity["lockstep"] = {
-            **agreement,
-            "identical": agreement["identical_share"] == 1.0 and agreement["engine_steps"] == agreement["sim_steps"],
-            "all_admitted": admitted_same,
-            "per_step_cycle": per_step_errors(lock.predicted_s, lock.cycle_s),
-            "per_step_cpu": per_step_errors(lock.predicted_s, lock.cpu_s),
-            "per_step_device": per_step_errors(
-                [CostModel(profile).device_time(s) for s in lock.step_shapes], lock.device_s
-            ),
-        }
-        files.append(_steps_csv(out / "lockstep_steps.csv", lock))
-        engine = _make_engine(profile, config, options)  # fresh KV pool and queues for the next mode
-        _warm_up(engine)
 
-    if options.mode in ("realtime", "both"):
-        from calibration.drift import plan_probe
+def compare_lockstep(setup: ValidationSetup, engine: Any, prompts: Sequence[Sequence[int]], *,
+                     progress: bool) -> tuple[dict[str, Any], Path]:
+    """The lockstep run against the simulator's recorded steps: whether every decision is the same, and the
+    cost model's per-step error on the engine's real step sequence; with its per-step CSV."""
+    lock = run_engine_lockstep(engine, setup.specs, prompts, setup.cost, progress=progress)
+    sim_steps = simulate_recorded(setup.config, setup.cost, setup.specs)
+    agreement = step_agreement(lock.steps, sim_steps)
+    admitted_same = all(lock.admitted_at_step.get(s.request_id) is not None for s in setup.specs)
+    lockstep = {
+        **agreement,
+        "identical": agreement["identical_share"] == 1.0 and agreement["engine_steps"] == agreement["sim_steps"],
+        "all_admitted": admitted_same,
+        "per_step_cycle": per_step_errors(lock.predicted_s, lock.cycle_s),
+        "per_step_cpu": per_step_errors(lock.predicted_s, lock.cpu_s),
+        "per_step_device": per_step_errors(
+            [CostModel(setup.profile).device_time(s) for s in lock.step_shapes], lock.device_s
+        ),
+    }
+    return lockstep, _steps_csv(setup.out / "lockstep_steps.csv", lock)
 
-        drift_plan = plan_probe(profile_path, engine.runner, vocab_size=engine.shape.vocab_size)
-        probes = [drift_plan.measure(engine.runner)] if drift_plan is not None else []
-        real = run_engine_realtime(engine, specs, prompts, progress=progress)
+
+def compare_realtime(setup: ValidationSetup, engine: Any, prompts: Sequence[Sequence[int]], *,
+                     progress: bool) -> tuple[dict[str, Any], list[Path]]:
+    """The real-time run against the simulator (latency percentiles, step agreement, host contention), then
+    optionally a second run (the noise floor), then the host's drift since calibration; with the files."""
+    from calibration.drift import plan_probe
+
+    drift_plan = plan_probe(setup.profile_path, engine.runner, vocab_size=engine.shape.vocab_size)
+    probes = [drift_plan.measure(engine.runner)] if drift_plan is not None else []
+    real = run_engine_realtime(engine, setup.specs, prompts, progress=progress)
+    if drift_plan is not None:
+        probes.append(drift_plan.measure(engine.runner))
+    simulated = _simulate(setup)
+    fidelity = _realtime_errors(setup, real, simulated)
+    files = _realtime_files(setup, real, simulated)
+    if setup.options.repeat_realtime:
+        engine = setup.fresh_engine()
+        again = run_engine_realtime(engine, setup.specs, prompts, progress=progress)
         if drift_plan is not None:
             probes.append(drift_plan.measure(engine.runner))
-        simulated = simulate(scenario, workload)
-        sim_steps = simulate_recorded(config, cost, specs)
-        errors = relative_errors(real.log, simulated.requests)
-        fidelity.update({m: errors[m] for m in METRICS})
-        fidelity["throughput_err"] = errors["throughput_err"]
-        fidelity["realtime"] = {
-            **step_agreement(real.steps, sim_steps),
-            "per_step_cycle": per_step_errors([cost.step_time(s) for s in real.step_shapes], real.cycle_s),
-            "per_step_cpu": per_step_errors([cost.step_time(s) for s in real.step_shapes], real.cpu_s),
-            "engine_wall_s": real.wall_s,
-            "engine_throughput_tok_s": throughput_tok_s(real.log),
-            "sim_throughput_tok_s": throughput_tok_s(simulated.requests),
+        fidelity["repeat"] = {
+            "engine_vs_engine": relative_errors(real.log, again.log),
+            "sim_vs_engine": relative_errors(again.log, simulated),
+            "per_step_cycle": per_step_errors([setup.cost.step_time(s) for s in again.step_shapes], again.cycle_s),
+            "engine_wall_s": again.wall_s,
         }
-        # The profile is on the quiet-machine clock (thread CPU time on CPU); other processes stretch the
-        # engine's wall clock. The same simulation with every step stretched by the engine's own median
-        # wall/CPU ratio separates that from cost-model error (labelled: it borrows a figure from the engine).
-        stretch = float(np.median(np.asarray(real.cycle_s) / np.maximum(np.asarray(real.cpu_s), 1e-9)))
-        sim_cfg = scenario.simulation.model_copy(update={"cost_factor": stretch})
-        stretched = simulate(scenario.model_copy(update={"simulation": sim_cfg}), workload)
-        fidelity["host_contention_adjusted"] = {"wall_over_cpu": stretch,
-                                                **relative_errors(real.log, stretched.requests)}
-        files.append(_steps_csv(out / "realtime_steps.csv", real))
-        requests = real.log.to_frame().merge(
-            simulated.requests.to_frame()[["request_id", "ttft_ms", "tpot_ms", "e2e_ms"]],
-            on="request_id", suffixes=("_engine", "_sim"),
-        )
-        path = out / "requests.csv"
-        requests.to_csv(path, index=False)
-        files.append(path)
-        title = f"{profile.name}: engine vs simulator, {len(specs)} requests at {rate:.2f} req/s"
-        files.append(save_figure(figure_cdfs(real.log, simulated.requests, title=title), out / "fidelity.html"))
-        if options.repeat_realtime:
-            engine = _make_engine(profile, config, options)
-            _warm_up(engine)
-            again = run_engine_realtime(engine, specs, prompts, progress=progress)
-            if drift_plan is not None:
-                probes.append(drift_plan.measure(engine.runner))
-            fidelity["repeat"] = {
-                "engine_vs_engine": relative_errors(real.log, again.log),
-                "sim_vs_engine": relative_errors(again.log, simulated.requests),
-                "per_step_cycle": per_step_errors([cost.step_time(s) for s in again.step_shapes], again.cycle_s),
-                "engine_wall_s": again.wall_s,
-            }
-            files.append(_steps_csv(out / "realtime_repeat_steps.csv", again))
-        if probes:
-            # The host's speed change since calibration, measured outside the replay (calibration.drift).
-            # The headline errors above keep the profile as it is; this is what remains with the
-            # simulator's clock scaled by that change: the part of the error that is the cost model's shape.
-            speed = float(np.mean([p.speed_ratio for p in probes]))
-            drifted = scenario.model_copy(update={
-                "simulation": scenario.simulation.model_copy(update={"cost_factor": speed})})
-            fidelity["host_drift"] = {
-                "speed_ratio": speed,
-                "probes": [p.as_dict() for p in probes],
-                "adjusted": relative_errors(real.log, simulate(drifted, workload).requests),
-            }
+        files.append(_steps_csv(setup.out / "realtime_repeat_steps.csv", again))
+    if probes:
+        # The host's speed change since calibration, measured outside the replay (calibration.drift).
+        # The headline errors above keep the profile as it is; this is what remains with the
+        # simulator's clock scaled by that change: the part of the error that is the cost model's shape.
+        speed = float(np.mean([p.speed_ratio for p in probes]))
+        fidelity["host_drift"] = {
+            "speed_ratio": speed,
+            "probes": [p.as_dict() for p in probes],
+            "adjusted": relative_errors(real.log, _simulate(setup, cost_factor=speed)),
+        }
+    return fidelity, files
 
-    path = out / "fidelity.json"
-    path.write_text(json.dumps(_json_safe(fidelity), indent=2) + "\n")
+
+def _simulate(setup: ValidationSetup, *, cost_factor: float | None = None) -> RequestLog:
+    """The simulator's request log of the workload; ``cost_factor`` stretches every step's time."""
+    from simulator.simulation import simulate
+
+    scenario = setup.scenario
+    if cost_factor is not None:
+        scenario = scenario.model_copy(update={
+            "simulation": scenario.simulation.model_copy(update={"cost_factor": cost_factor})})
+    return simulate(scenario, setup.workload).requests
+
+
+def _realtime_errors(setup: ValidationSetup, real: EngineRun, simulated: RequestLog) -> dict[str, Any]:
+    """Latency and throughput errors of the simulator against the real-time run, its step agreement and
+    per-step errors, and the same errors once the host's contention is taken out."""
+    cost = setup.cost
+    sim_steps = simulate_recorded(setup.config, cost, setup.specs)
+    errors = relative_errors(real.log, simulated)
+    fidelity: dict[str, Any] = {m: errors[m] for m in METRICS}
+    fidelity["throughput_err"] = errors["throughput_err"]
+    fidelity["realtime"] = {
+        **step_agreement(real.steps, sim_steps),
+        "per_step_cycle": per_step_errors([cost.step_time(s) for s in real.step_shapes], real.cycle_s),
+        "per_step_cpu": per_step_errors([cost.step_time(s) for s in real.step_shapes], real.cpu_s),
+        "engine_wall_s": real.wall_s,
+        "engine_throughput_tok_s": throughput_tok_s(real.log),
+        "sim_throughput_tok_s": throughput_tok_s(simulated),
+    }
+    # The profile is on the quiet-machine clock (thread CPU time on CPU); other processes stretch the
+    # engine's wall clock. The same simulation with every step stretched by the engine's own median
+    # wall/CPU ratio separates that from cost-model error (labelled: it borrows a figure from the engine).
+    stretch = float(np.median(np.asarray(real.cycle_s) / np.maximum(np.asarray(real.cpu_s), 1e-9)))
+    stretched = _simulate(setup, cost_factor=stretch)
+    fidelity["host_contention_adjusted"] = {"wall_over_cpu": stretch, **relative_errors(real.log, stretched)}
+    return fidelity
+
+
+def _realtime_files(setup: ValidationSetup, real: EngineRun, simulated: RequestLog) -> list[Path]:
+    """The real-time run's per-step CSV, its per-request CSV (engine and simulator side by side) and the
+    CDF figure."""
+    from calibration.fit import save_figure
+
+    out = setup.out
+    files = [_steps_csv(out / "realtime_steps.csv", real)]
+    requests = real.log.to_frame().merge(
+        simulated.to_frame()[["request_id", "ttft_ms", "tpot_ms", "e2e_ms"]],
+        on="request_id", suffixes=("_engine", "_sim"),
+    )
+    path = out / "requests.csv"
+    requests.to_csv(path, index=False)
     files.append(path)
-    return ValidationReport(fidelity=fidelity, out_dir=out, files=files)
+    title = f"{setup.profile.name}: engine vs simulator, {len(setup.specs)} requests at {setup.rate_rps:.2f} req/s"
+    files.append(save_figure(figure_cdfs(real.log, simulated, title=title), out / "fidelity.html"))
+    return files
+
+
+# ----- report ------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ValidationReport:
+    fidelity: dict[str, Any]
+    """Contents of fidelity.json."""
+    out_dir: Path
+    files: list[Path]
 
 
 def _steps_csv(path: Path, run: EngineRun) -> Path:
@@ -673,13 +504,3 @@ def _print_errors(errors: dict[str, Any]) -> None:
         m = errors[metric]
         print(f"  {metric:6s} p50 {m['p50_err']:+7.2%}  p90 {m['p90_err']:+7.2%}  p99 {m['p99_err']:+7.2%}")
     print(f"  throughput {errors['throughput_err']:+.2%}")
-
-
-def _bar(total: int, desc: str, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    import sys
-
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="req", file=sys.stderr, mininterval=0.5)

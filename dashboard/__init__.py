@@ -1,4 +1,4 @@
-"""The Streamlit what-if dashboard: ``app.py`` routes, ``app_pages/`` render, ``data.py`` computes.
+"""The Streamlit what-if dashboard: ``app.py`` routes, ``app_pages/`` render, ``data/`` computes.
 
 Nothing in ``simulator`` imports this package; ``fleetsim dashboard`` starts it by path.
 """

@@ -1,6 +1,6 @@
 """fleetsim dashboard: the router. Run with ``fleetsim dashboard`` or ``streamlit run dashboard/app.py``.
 
-Each page lives in ``app_pages/`` and only renders; what the pages compute lives in ``dashboard/data.py``.
+Each page lives in ``app_pages/`` and only renders; what the pages compute lives in ``dashboard/data/``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Plotly figures of the Calibration and Trace explorer pages (the run plots come from ``simulator.results.report``).
 
-Pure functions from the tables ``data.py`` builds to ``go.Figure``; no Streamlit here.
+Pure functions from the tables ``dashboard.data`` builds to ``go.Figure``; no Streamlit here.
 """
 
 from __future__ import annotations

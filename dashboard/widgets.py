@@ -1,6 +1,6 @@
 """Rendering pieces shared by the pages: the "Start from" picker, control state, errors, run output.
 
-Only renders and keeps widget state; every value shown is computed in ``data.py``.
+Only renders and keeps widget state; every value shown is computed in ``dashboard.data``.
 
 Widget state: Streamlit forgets a widget's value when a run does not draw it (another page, a hidden
 control). Each page keeps its control values in a plain session entry (``<prefix>values``) and puts a value
@@ -14,10 +14,10 @@ from typing import Any
 
 import streamlit as st
 
-from dashboard import data
+from dashboard.data import runs, scenario_base
 from simulator.errors import ConfigError
-from simulator.results.metrics import RunResult
 from simulator.results.report import build_figures
+from simulator.results.run_result import RunResult
 
 
 def show_error(err: ConfigError) -> None:
@@ -25,19 +25,19 @@ def show_error(err: ConfigError) -> None:
     st.error(str(err), icon=":material/error:")
 
 
-def pick_base(prefix: str, *, container: Any = st) -> data.Base | None:
+def pick_base(prefix: str, *, container: Any = st) -> scenario_base.Base | None:
     """The "Start from" selectbox (shipped scenarios, from scratch, upload); None until there is one."""
-    options = [*data.list_scenarios(), data.FROM_SCRATCH, data.UPLOAD]
+    options = [*scenario_base.list_scenarios(), scenario_base.FROM_SCRATCH, scenario_base.UPLOAD]
     key = f"{prefix}source"
     if st.session_state.get(key) not in options:
-        default = data.DEFAULT_SCENARIO if data.DEFAULT_SCENARIO in options else options[0]
+        default = scenario_base.DEFAULT_SCENARIO if scenario_base.DEFAULT_SCENARIO in options else options[0]
         st.session_state[key] = st.session_state.get(f"{prefix}source_kept", default)
     choice = container.selectbox("Start from", options, key=key,
                                  help="A shipped scenario (scenarios/*.yaml), the built-in default, or your own file")
     st.session_state[f"{prefix}source_kept"] = choice
-    if choice != data.UPLOAD:
+    if choice != scenario_base.UPLOAD:
         try:
-            return data.base_for(choice)
+            return scenario_base.base_for(choice)
         except ConfigError as err:
             show_error(err)
             return None
@@ -49,7 +49,7 @@ def pick_base(prefix: str, *, container: Any = st) -> data.Base | None:
             container.info("Upload a scenario YAML file to start from it.")
         return kept  # type: ignore[no-any-return]
     try:
-        base = data.uploaded_base(upload.name, upload.getvalue())
+        base = scenario_base.uploaded_base(upload.name, upload.getvalue())
     except ConfigError as err:
         show_error(err)
         return None
@@ -57,7 +57,7 @@ def pick_base(prefix: str, *, container: Any = st) -> data.Base | None:
     return base
 
 
-def sync_values(prefix: str, base: data.Base, defaults: Mapping[str, Any], names: Iterable[str]) -> None:
+def sync_values(prefix: str, base: scenario_base.Base, defaults: Mapping[str, Any], names: Iterable[str]) -> None:
     """Put each control's value into its widget key before the widgets are drawn.
 
     A new starting point resets every control to ``defaults``; otherwise a widget key Streamlit dropped
@@ -96,7 +96,7 @@ def run_with_progress(raw: dict[str, Any], source: Any) -> RunResult | None:
             bar.progress(fraction, text=text)
 
     try:
-        result = data.cached_simulate(data.raw_key(raw), str(source) if source else None, progress)
+        result = runs.cached_simulate(scenario_base.raw_key(raw), str(source) if source else None, progress)
     except ConfigError as err:
         bar.empty()
         show_error(err)
@@ -125,7 +125,7 @@ def plots(result: RunResult, key: str) -> None:
                 st.plotly_chart(figures[name], key=f"{key}-{name}", config={"displaylogo": False})
 
 
-def run_panel(build: Callable[[], dict[str, Any]], base: data.Base, *, prefix: str, run_label: str,
+def run_panel(build: Callable[[], dict[str, Any]], base: scenario_base.Base, *, prefix: str, run_label: str,
               export_suffix: str, hint: str) -> tuple[dict[str, Any] | None, dict[str, Any], RunResult]:
     """Validate the settings ``build`` makes (an error shows in the page and disables the buttons), offer
     Run and Export, run with a progress bar, and return (current settings or None, the settings of the
@@ -133,7 +133,7 @@ def run_panel(build: Callable[[], dict[str, Any]], base: data.Base, *, prefix: s
     raw: dict[str, Any] | None = None
     try:
         raw = build()
-        data.validate(raw, base.source)
+        runs.validate(raw, base.source)
     except ConfigError as err:
         show_error(err)
         raw_ok = False
@@ -141,18 +141,18 @@ def run_panel(build: Callable[[], dict[str, Any]], base: data.Base, *, prefix: s
         raw_ok = True
     left, right = st.columns([1, 1])
     run_clicked = left.button(run_label, type="primary", key=f"{prefix}run", disabled=not raw_ok)
-    right.download_button("Export settings as YAML", data.to_yaml(raw) if raw is not None else "",
+    right.download_button("Export settings as YAML", scenario_base.to_yaml(raw) if raw is not None else "",
                           file_name=f"{(raw or base.raw).get('name', 'scenario')}{export_suffix}.yaml",
                           mime="application/x-yaml", key=f"{prefix}export", disabled=not raw_ok)
     if run_clicked and raw is not None:
         result = run_with_progress(raw, base.source)
         if result is not None:
-            st.session_state[f"{prefix}last"] = (data.raw_key(raw), raw, result)
+            st.session_state[f"{prefix}last"] = (scenario_base.raw_key(raw), raw, result)
     last = st.session_state.get(f"{prefix}last")
     if last is None:
         st.info(hint)
         st.stop()
     key, run_raw, result = last
-    if raw is not None and key != data.raw_key(raw):
+    if raw is not None and key != scenario_base.raw_key(raw):
         st.info(f"The settings changed since this run: press **{run_label}** to update it.")
     return raw, run_raw, result

@@ -20,11 +20,11 @@ import pandas as pd
 
 import simulator.planning.plan as _plan
 import simulator.planning.sweep as _sweep
-from simulator.fleet.fleet import run as _run
-from simulator.planning.plan import PlanResult
-from simulator.results.metrics import RunResult
+from simulator.planning.plan_result import PlanResult
+from simulator.results.run_result import RunResult
 from simulator.scenario import LoadedScenario, load_mapping
 from simulator.scenario import load_scenario as _load_scenario
+from simulator.simulation import run as _run
 
 __all__ = ["PlanResult", "RunResult", "load_scenario", "plan", "run", "sweep"]
 

@@ -43,6 +43,7 @@ MODULES = (
     "simulator.cost.cost_model",
     "simulator.results.request_log",
     "simulator.results.series",
+    "simulator.fleet.clock",
     "simulator.fleet.replica",
     "simulator.fleet.arrival_feed",
     "simulator.fleet.loads",

@@ -24,8 +24,8 @@ from simulator.core.presets import PRESETS
 from simulator.cost.profile import Profile, config_error_from_validation, get_accelerator, list_profiles, load_profile
 from simulator.errors import ConfigError
 from simulator.fleet.router import RouterConfig
-from simulator.results.metrics import SLO, CostConfig
-from simulator.workload.workload import WorkloadConfig
+from simulator.results.summary import SLO, CostConfig
+from simulator.workload.config import WorkloadConfig
 
 SCHEMA_VERSION = 1
 PresetName = Literal["vllm", "tgi", "trtllm", "trtllm-max-util"]

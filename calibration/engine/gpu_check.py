@@ -288,7 +288,55 @@ def _triton_runnable(device: torch.device) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckPlan:
+    """What one run checks: Llama-3-8B bf16 shapes on a GPU, or the tiny fp32 rehearsal (``--dry-run``)."""
+
+    dry_run: bool
+    device: torch.device
+    shape: ModelShape
+    """Model of the decode benchmark."""
+    dtype: torch.dtype
+    batch_sizes: list[int]
+    """Decode batches benchmarked; the first is held to the floor."""
+    context: int
+    """Context tokens of every decode row."""
+    iters: int
+    """Timed steps per batch size."""
+    target: float
+    """Largest allowed batch-1 decode step / floor."""
+    out: Path
+    """Folder of gpu_check.json."""
+    block_size: int = 16
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+class CheckReport:
+    """What the check finds, printed as each figure comes and saved to gpu_check.json at the end."""
+
+    def __init__(self, plan: CheckPlan) -> None:
+        self.data: dict[str, Any] = {"dry_run": plan.dry_run, "device": str(plan.device), "model": plan.shape.name,
+                                     "dtype": str(plan.dtype)}
+        self.failures: list[str] = []  # failed correctness checks; a missed speed target is not one
+
+    def say(self, key: str, value: Any) -> None:
+        self.data[key] = value
+        print(f"{key}: {value}", flush=True)
+
+    def save(self, out: Path) -> int:
+        """Write gpu_check.json; the exit status: 1 if a correctness check failed."""
+        self.data["failures"] = self.failures
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "gpu_check.json").write_text(json.dumps(self.data, indent=2))
+        failures = self.failures
+        print(f"{'FAILED: ' + '; '.join(failures) if failures else 'correctness OK'}; wrote {out / 'gpu_check.json'}")
+        return 1 if failures else 0
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU (or the given device)")
     parser.add_argument("--device", default=None, help="default: cuda, or cpu in dry-run mode")
@@ -297,78 +345,75 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--target", type=float, default=1.25, help="batch-1 decode / floor must be <= this")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
+
+def _plan(args: argparse.Namespace, device: torch.device) -> CheckPlan:
     dry = args.dry_run
-    device = torch.device(args.device or ("cpu" if dry else "cuda"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device: run with --dry-run for the CPU rehearsal", file=sys.stderr)
-        return 2
-    shape = get_model("tiny" if dry else "llama-3-8b")
-    dtype = torch.float32 if dry else torch.bfloat16
-    block_size = 16
-    batch_sizes = [1, 2, 4] if dry else [int(b) for b in args.batch_sizes.split(",")]
-    context = 48 if dry else args.context
-    iters = 3 if dry else args.iters
-    cuda = device.type == "cuda"
-    report: dict[str, Any] = {"dry_run": dry, "device": str(device), "model": shape.name, "dtype": str(dtype)}
-    failures: list[str] = []
+    return CheckPlan(
+        dry_run=dry, device=device, shape=get_model("tiny" if dry else "llama-3-8b"),
+        dtype=torch.float32 if dry else torch.bfloat16,
+        batch_sizes=[1, 2, 4] if dry else [int(b) for b in args.batch_sizes.split(",")],
+        context=48 if dry else args.context, iters=3 if dry else args.iters, target=args.target, out=args.out,
+    )
 
-    def say(key: str, value: Any) -> None:
-        report[key] = value
-        print(f"{key}: {value}", flush=True)
 
-    # 1. environment
-    say("torch", torch.__version__)
-    say("device_name", torch.cuda.get_device_name(device) if cuda else "cpu")
-    if cuda:
-        say("nvidia_smi_before", _nvidia_smi())
+def check_ceilings(plan: CheckPlan, report: CheckReport) -> float:
+    """Step 2: device copy bandwidth and a square GEMM's FLOP/s; returns the copy bandwidth, bytes/s."""
+    copy_bw = copy_bandwidth(plan.device, (1 << 30) if plan.cuda else (8 << 20))
+    gemm = matmul_flops(plan.device, 8192 if plan.cuda else 256, plan.dtype)
+    report.say("copy_bandwidth_GBps", round(copy_bw / 1e9, 1))
+    report.say("gemm_TFLOPs", round(gemm / 1e12, 3))
+    return copy_bw
 
-    # 2. ceilings
-    copy_bw = copy_bandwidth(device, (1 << 30) if cuda else (8 << 20))
-    gemm = matmul_flops(device, 8192 if cuda else 256, dtype)
-    say("copy_bandwidth_GBps", round(copy_bw / 1e9, 1))
-    say("gemm_TFLOPs", round(gemm / 1e12, 3))
 
-    # 3. correctness
+def check_correctness(plan: CheckPlan, report: CheckReport) -> bool:
+    """Step 3: the attention backend against the float64 reference, and CUDA-graph decode against eager;
+    returns whether the Triton backend can run here."""
+    dry, device = plan.dry_run, plan.device
     why_not = _triton_runnable(device)
     backend = "triton_paged" if why_not is None else "sdpa_gather"  # the CPU rehearsal checks the reference path
     if why_not is not None:
-        say("triton_skipped", why_not)
+        report.say("triton_skipped", why_not)
     heads = (4, 2, 16) if dry else (32, 8, 128)
     shapes = [(0, 37), (40, 1), (100, 1), (33, 20), (0, 1), (5, 1)] if dry else [
         (0, 300), (1000, 1), (4000, 1), (517, 64), (33, 1), (12000, 1)
     ]
     err = attention_error(
-        backend, device=device, dtype=dtype, num_heads=heads[0], num_kv_heads=heads[1], head_dim=heads[2],
-        block_size=block_size, shapes=shapes,
+        backend, device=device, dtype=plan.dtype, num_heads=heads[0], num_kv_heads=heads[1], head_dim=heads[2],
+        block_size=plan.block_size, shapes=shapes,
     )
-    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
-    say(f"{backend}_vs_float64_rel_err", f"{err:.2e} (tolerance {tolerance:.0e})")
+    tolerance = 1e-4 if plan.dtype == torch.float32 else 2e-2
+    report.say(f"{backend}_vs_float64_rel_err", f"{err:.2e} (tolerance {tolerance:.0e})")
     if not err < tolerance:
-        failures.append(f"{backend} attention error {err:.2e}")
-    if cuda and why_not is None:
-        ok = graph_matches_eager(get_model("small"), device=device, block_size=block_size)
-        say("cuda_graph_decode_equals_eager", ok)
+        report.failures.append(f"{backend} attention error {err:.2e}")
+    if plan.cuda and why_not is None:
+        ok = graph_matches_eager(get_model("small"), device=device, block_size=plan.block_size)
+        report.say("cuda_graph_decode_equals_eager", ok)
         if not ok:
-            failures.append("CUDA-graph decode differs from eager")
+            report.failures.append("CUDA-graph decode differs from eager")
+    return why_not is None
 
-    # 4. decode benchmark
-    pages = -(-context // block_size)
+
+def check_decode(plan: CheckPlan, report: CheckReport, *, copy_bw: float, triton: bool) -> None:
+    """Step 4: decode steps at each batch size (CUDA graphs and Triton decode when they run), batch 1
+    against the floor weight bytes / copy bandwidth."""
+    shape, dtype, context, batch_sizes = plan.shape, plan.dtype, plan.context, plan.batch_sizes
+    pages = -(-context // plan.block_size)
     runner = ModelRunner(
-        shape, device=str(device), dtype=dtype, num_blocks=max(batch_sizes) * pages + 1, block_size=block_size,
-        backend="triton_paged" if cuda and why_not is None else "sdpa_gather",
-        cuda_graphs=cuda and why_not is None, max_graph_batch=max(batch_sizes),
+        shape, device=str(plan.device), dtype=dtype, num_blocks=max(batch_sizes) * pages + 1,
+        block_size=plan.block_size, backend="triton_paged" if plan.cuda and triton else "sdpa_gather",
+        cuda_graphs=plan.cuda and triton, max_graph_batch=max(batch_sizes),
     )
     weight_bytes = shape.num_params_read_per_step * dtype_bytes(dtype)
     floor_s = weight_bytes / copy_bw
-    say("weight_GB", round(weight_bytes / 1e9, 3))
-    say("floor_ms", round(floor_s * 1e3, 3))
+    report.say("weight_GB", round(weight_bytes / 1e9, 3))
+    report.say("floor_ms", round(floor_s * 1e3, 3))
     results = []
     header = ("batch", "ctx", "step ms", "cycle ms", "tok/s", "GB/s", "TFLOP/s", "x floor")
     print(" ".join(f"{h:>{w}}" for h, w in zip(header, (6, 6, 9, 9, 10, 9, 8, 8), strict=True)))
     for batch in batch_sizes:
-        seqs, step_s, cycle_s = decode_steps(runner, batch, context, warmup=3, iters=iters)
+        seqs, step_s, cycle_s = decode_steps(runner, batch, context, warmup=3, iters=plan.iters)
         r = DecodeResult(
             batch=batch, context=context, step_s=step_s, cycle_s=cycle_s, tokens_per_s=batch / step_s,
             bytes_per_s=step_bytes(shape, dtype, seqs) / step_s, flops_per_s=step_flops(shape, seqs) / step_s,
@@ -380,16 +425,31 @@ def main(argv: list[str] | None = None) -> int:
             f"{r.bytes_per_s / 1e9:>9.1f} {r.flops_per_s / 1e12:>8.3f} {step_s / floor_s:>8.2f}",
             flush=True,
         )
-    report["decode"] = results
+    report.data["decode"] = results
     ratio = results[0]["step_s"] / floor_s
-    say("batch1_over_floor", f"{ratio:.2f} (target <= {args.target}: {'PASS' if ratio <= args.target else 'MISS'})")
-    if cuda:
-        say("nvidia_smi_after", _nvidia_smi())
-    report["failures"] = failures
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2))
-    print(f"{'FAILED: ' + '; '.join(failures) if failures else 'correctness OK'}; wrote {args.out / 'gpu_check.json'}")
-    return 1 if failures else 0
+    verdict = "PASS" if ratio <= plan.target else "MISS"
+    report.say("batch1_over_floor", f"{ratio:.2f} (target <= {plan.target}: {verdict})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    device = torch.device(args.device or ("cpu" if args.dry_run else "cuda"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: run with --dry-run for the CPU rehearsal", file=sys.stderr)
+        return 2
+    plan = _plan(args, device)
+    report = CheckReport(plan)
+    # 1. environment
+    report.say("torch", torch.__version__)
+    report.say("device_name", torch.cuda.get_device_name(device) if plan.cuda else "cpu")
+    if plan.cuda:
+        report.say("nvidia_smi_before", _nvidia_smi())
+    copy_bw = check_ceilings(plan, report)  # 2.
+    triton = check_correctness(plan, report)  # 3.
+    check_decode(plan, report, copy_bw=copy_bw, triton=triton)  # 4.
+    if plan.cuda:
+        report.say("nvidia_smi_after", _nvidia_smi())
+    return report.save(plan.out)
 
 
 if __name__ == "__main__":

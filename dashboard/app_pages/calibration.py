@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import data, figures, widgets
+from dashboard import figures, widgets
+from dashboard.data import profiles
 from simulator.cost.profile import list_profiles
 from simulator.errors import ConfigError
 
@@ -16,18 +17,18 @@ if not names:
     st.stop()
 
 with st.sidebar:
-    name = st.selectbox("Profile", names, index=data.default_profile_index(names), key="cal_profile")
+    name = st.selectbox("Profile", names, index=profiles.default_profile_index(names), key="cal_profile")
     contexts_text = st.text_input("Decode contexts (tokens)", "512, 2048, 8192", key="cal_contexts",
                                   help="One decode curve per context length, comma-separated")
     prefixes_text = st.text_input("Prefill cached prefixes (tokens)", "0, 4096", key="cal_prefixes",
                                   help="One prefill curve per cached-prefix length, comma-separated")
 
 try:
-    profile = data.cached_profile(name)
-    contexts = data.parse_int_list(contexts_text, field="decode contexts")
-    prefixes = data.parse_int_list(prefixes_text, field="prefill prefixes", minimum=0)
-    csv_path = data.timings_path(name)
-    points = data.measured_points(profile, csv_path) if csv_path is not None else None
+    profile = profiles.cached_profile(name)
+    contexts = profiles.parse_int_list(contexts_text, field="decode contexts")
+    prefixes = profiles.parse_int_list(prefixes_text, field="prefill prefixes", minimum=0)
+    csv_path = profiles.timings_path(name)
+    points = profiles.measured_points(profile, csv_path) if csv_path is not None else None
 except ConfigError as err:
     widgets.show_error(err)
     st.stop()
@@ -51,20 +52,20 @@ if points is None:
 else:
     st.caption(f"Measured points from {csv_path.name if csv_path else ''} ({len(points)} grid points).")
     # Draw the curves where most points are, so each point sits on (or beside) its curve.
-    contexts = data.common_values(points["context"]) or contexts
-    prefixes = data.common_values(points["prefix"]) or prefixes
+    contexts = profiles.common_values(points["context"]) or contexts
+    prefixes = profiles.common_values(points["prefix"]) or prefixes
 
 left, right = st.columns(2)
 with left:
     st.plotly_chart(
-        figures.step_time_figure(data.decode_curves(profile, contexts), points, x="batch", group="context",
+        figures.step_time_figure(profiles.decode_curves(profile, contexts), points, x="batch", group="context",
                                  title="Decode step time vs batch", xaxis="sequences in the step",
                                  group_label="context"),
         key="cal_decode",
     )
 with right:
     st.plotly_chart(
-        figures.step_time_figure(data.prefill_curves(profile, prefixes), points, x="chunk", group="prefix",
+        figures.step_time_figure(profiles.prefill_curves(profile, prefixes), points, x="chunk", group="prefix",
                                  title="Prefill step time vs chunk", xaxis="prefill chunk (tokens)",
                                  group_label="prefix"),
         key="cal_prefill",
@@ -73,7 +74,7 @@ if points is not None:
     st.plotly_chart(figures.measured_vs_predicted_figure(points), key="cal_scatter")
 
 st.subheader("Error and provenance")
-st.dataframe(data.profile_facts(profile))
+st.dataframe(profiles.profile_facts(profile))
 with st.expander("How the numbers were obtained"):
     st.write(profile.provenance.source)
 with st.expander("Coefficients"):

@@ -4,32 +4,33 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import data, figures, widgets
+from dashboard import figures, widgets
+from dashboard.data import trace_files
 from simulator.errors import ConfigError
 from simulator.workload.traces import TraceFormat, traces_dir
 
 st.title("Trace explorer")
 
-files = data.list_traces()
+files = trace_files.list_traces()
 if not files:
     st.error(f"No trace files found in {traces_dir()} (set $FLEETSIM_TRACES to the folder that holds them).")
     st.stop()
 
 with st.sidebar:
     filename = st.selectbox("Trace", files, key="tr_file")
-    guessed = data.guess_trace_format(filename)
-    choice = st.selectbox("Format", [data.AUTO_FORMAT, *(f.value for f in TraceFormat)], key="tr_format",
-                          format_func=lambda v: f"auto ({guessed.value if guessed else '?'})" if v == data.AUTO_FORMAT
-                          else v, help="auto = from the file name")
-    fmt = (guessed.value if guessed else None) if choice == data.AUTO_FORMAT else choice
+    guessed = trace_files.guess_trace_format(filename)
+    choice = st.selectbox("Format", [trace_files.AUTO_FORMAT, *(f.value for f in TraceFormat)], key="tr_format",
+                          format_func=lambda v: f"auto ({guessed.value if guessed else '?'})"
+                          if v == trace_files.AUTO_FORMAT else v, help="auto = from the file name")
+    fmt = (guessed.value if guessed else None) if choice == trace_files.AUTO_FORMAT else choice
     time_scale = st.number_input("Time scale", min_value=0.001, value=1.0, step=0.1, format="%.3f", key="tr_scale",
                                  help="Multiplies every arrival time, as workload.trace.time_scale does")
     bin_s = st.number_input("Rate bin (s)", min_value=0.1, value=60.0, step=10.0, key="tr_bin")
 
 try:
-    frame = data.cached_trace_frame(filename, fmt)
-    rate = data.arrival_rate(frame, bin_s, time_scale)
-    stats = data.trace_stats(frame, time_scale)
+    frame = trace_files.cached_trace_frame(filename, fmt)
+    rate = trace_files.arrival_rate(frame, bin_s, time_scale)
+    stats = trace_files.trace_stats(frame, time_scale)
 except ConfigError as err:
     widgets.show_error(err)
     st.stop()

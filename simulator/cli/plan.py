@@ -10,12 +10,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from simulator.cli.main import checked_out_dir, fresh_out_dir
+from simulator.cli.output import checked_out_dir, fresh_out_dir
 from simulator.errors import ConfigError
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from simulator.planning.plan import parse_search, parse_slo, plan, print_log
+    from simulator.planning.criteria import parse_search, parse_slo
+    from simulator.planning.plan import plan, print_log
 
     slo = parse_slo(args.slo) if args.slo else None
     search = parse_search(args.search or [])

@@ -14,8 +14,9 @@ from itertools import islice
 import simpy
 
 from simulator.core.request import RequestSpec
-from simulator.fleet.replica import Clock, Replica, Wake
-from simulator.results.metrics import RequestLog
+from simulator.fleet.clock import Clock, Wake
+from simulator.fleet.replica import Replica
+from simulator.results.request_log import RequestLog
 
 RouteFn = Callable[[RequestSpec, float], int]
 """route(spec, now) -> index of the replica that receives it."""

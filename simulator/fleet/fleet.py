@@ -1,7 +1,9 @@
-"""The fleet: workload -> router -> replicas on one SimPy clock; ``run(scenario)`` -> ``RunResult``.
+"""The fleet: a workload replayed through a router onto replicas on one SimPy clock.
 
-Variants of a scenario run one after another on the identical request stream (same seed, same arrivals
-and lengths); only what the variant overrides differs.
+``run_fleet`` knows nothing of scenario files: it takes the settings a fleet needs (``FleetSetup``) and
+hands back what the clock left (``FleetRun``: the request log, the replicas with their series and
+schedulers, the end time). ``simulator.simulation`` turns a scenario into a ``FleetSetup`` and the
+``FleetRun`` into a summary.
 """
 
 from __future__ import annotations
@@ -9,27 +11,19 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import simpy
 
+from simulator.core.config import SchedulerConfig
 from simulator.cost.cost_model import CostModel
-from simulator.cost.profile import get_accelerator
 from simulator.fleet.arrival_feed import ArrivalFeed
-from simulator.fleet.replica import Replica, run_until
-from simulator.fleet.router import RouterState, make_router
-from simulator.results.metrics import (
-    ProfileInfo,
-    ReplicaSeries,
-    RequestLog,
-    RunResult,
-    VariantResult,
-    fleet_kv_util_mean,
-    fleet_kv_waste,
-    fleet_running_mean,
-    summarize,
-)
-from simulator.scenario import LoadedScenario, Scenario, resolve_replica, scenario_record
-from simulator.workload.workload import Workload, generate
+from simulator.fleet.clock import run_until
+from simulator.fleet.replica import Replica
+from simulator.fleet.router import RouterConfig, RouterState, make_router
+from simulator.results.request_log import RequestLog
+from simulator.results.series import ReplicaSeries
+from simulator.workload.workload import Workload
 
 ProgressFn = Callable[[str, int, int], None]
 """progress(variant, requests arrived so far, total requests)."""
@@ -38,43 +32,54 @@ InspectFn = Callable[[str, Sequence[Replica]], None]
 """inspect(variant, replicas) after the clock stopped: tests check invariants on the replicas' state."""
 
 
-def run(loaded: LoadedScenario, *, progress: ProgressFn | None = None, inspect: InspectFn | None = None) -> RunResult:
-    """Simulate every variant of a scenario on the same request stream."""
-    variants = loaded.variants()
-    workloads: dict[tuple[str, int], Workload] = {}
-    results = {}
-    for name, scenario in variants.items():
-        setup = resolve_replica(scenario)
-        key = (scenario.workload.model_dump_json(), setup.scheduler.block_size)
-        if key not in workloads:  # hashes depend on the block size; arrivals and lengths do not
-            workloads[key] = generate(scenario.workload, seed=scenario.seed,
-                                      block_size=setup.scheduler.block_size, base_dir=loaded.base_dir)
-        results[name] = simulate(scenario, workloads[key], name=name, progress=progress, inspect=inspect)
-    record = {name: scenario_record(sc) for name, sc in variants.items()}
-    return RunResult(scenario_name=loaded.scenario.name, variants=results, scenario=record)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetSetup:
+    """What one fleet run needs: identical replicas, a router, and how the clock runs and samples."""
+
+    num_replicas: int
+    scheduler: SchedulerConfig
+    """Every replica's scheduler configuration (the shared core's)."""
+    cost: CostModel
+    router: RouterConfig
+    seed: int
+    """Seed of randomised routers."""
+    network_latency_s: float
+    """One-way replica-to-client latency added to every token the client sees."""
+    sample_interval_s: float
+    fast_path: bool
+    horizon_s: float | None
+    """Stop the clock here; None = run until every request finished."""
 
 
-def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
-             progress: ProgressFn | None = None, inspect: InspectFn | None = None) -> VariantResult:
-    """One variant: build the replicas and the router, replay the workload, summarise."""
-    setup = resolve_replica(scenario)
-    profile = setup.profile
+@dataclass(frozen=True, slots=True)
+class FleetRun:
+    """What the clock left: every request's record, the replicas as they ended, and the run's end time."""
+
+    log: RequestLog
+    replicas: list[Replica]
+    end_s: float
+
+    @property
+    def series(self) -> list[ReplicaSeries]:
+        return [r.series for r in self.replicas]
+
+
+def run_fleet(setup: FleetSetup, workload: Workload, *, name: str = "base",
+              progress: ProgressFn | None = None, inspect: InspectFn | None = None) -> FleetRun:
+    """Build the replicas and the router, replay the workload until the horizon (or the last finish)."""
     env = simpy.Environment()
-    cost = CostModel(profile, factor=scenario.simulation.cost_factor)  # issue 8: sensitivity factor
     num_requests = len(workload)
     log = RequestLog(num_requests)
-    sim = scenario.simulation
-    latency_s = scenario.network.latency_ms / 1000.0
-    loads = [0] * scenario.fleet.replicas  # each replica's request count, kept by the replica
+    loads = [0] * setup.num_replicas  # each replica's request count, kept by the replica
     replicas = [
-        Replica(env, i, setup.scheduler, cost, log, ReplicaSeries(i, sim.sample_interval_s),
-                network_latency_s=latency_s, fast_path=sim.fast_path, loads=loads)
-        for i in range(scenario.fleet.replicas)
+        Replica(env, i, setup.scheduler, setup.cost, log, ReplicaSeries(i, setup.sample_interval_s),
+                network_latency_s=setup.network_latency_s, fast_path=setup.fast_path, loads=loads)
+        for i in range(setup.num_replicas)
     ]
     for replica in replicas:
         replica.series.kv_probe = _kv_probe(replica)
-    router = make_router(scenario.router, len(replicas), scenario.seed)
-    state = RouterState(replicas, scenario.router.refresh_s, loads=loads)
+    router = make_router(setup.router, len(replicas), setup.seed)
+    state = RouterState(replicas, setup.router.refresh_s, loads=loads)
 
     # Block hashes only matter to a prefix cache (the prefix-aware router reads them through one too).
     specs = workload.iter_specs(block_hashes=setup.scheduler.prefix_caching)
@@ -88,46 +93,19 @@ def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
         feed = ArrivalFeed(env, specs, log, replicas, route=state.route_fn(router),
                            progress=None if progress is None else report, report_every=max(1, num_requests // 100),
                            log_arrivals=False)  # builds the first specs
-        run_until(env, sim.horizon_s)
+        run_until(env, setup.horizon_s)
     if not feed.log_arrivals:
         arrived = feed.num_arrived
         log.record_arrivals(workload.arrival_s[:arrived], workload.prompt_tokens[:arrived],
                             workload.output_tokens[:arrived], workload.session_id[:arrived])
-    end_s = env.now if sim.horizon_s is None else sim.horizon_s
+    end_s = env.now if setup.horizon_s is None else setup.horizon_s
     end_s = max(end_s, 1e-9)
     for replica in replicas:
         replica.sync()  # a decode run cut by the horizon: its steps so far count
         replica.series.close(end_s)
     if inspect is not None:
         inspect(name, replicas)
-    series = [r.series for r in replicas]
-    hits = sum(r.scheduler.kv.num_hit_tokens for r in replicas)
-    lookups = sum(r.scheduler.kv.num_lookup_tokens for r in replicas)
-    try:
-        price = get_accelerator(scenario.fleet.hardware).price_usd_per_gpu_hour
-    except Exception:  # a calibration device (a CPU) has no list price: cost is simply not reported
-        price = None
-    summary = summarize(
-        log,
-        duration_s=end_s,
-        slo=scenario.slo,
-        num_gpus=scenario.fleet.replicas * scenario.fleet.tp,
-        usd_per_gpu_hour=scenario.cost.resolve_price(price),
-        kv_util_mean=fleet_kv_util_mean(series, warmup_s=sim.warmup_s),
-        prefix_hit_rate=hits / lookups if lookups else 0.0,
-        preemptions=sum(r.scheduler.num_preemptions for r in replicas),
-        warmup_s=sim.warmup_s,
-        running_mean=fleet_running_mean(series, warmup_s=sim.warmup_s),
-        running_peak=max(s.peak_running for s in series),
-        kv_waste_mean=fleet_kv_waste(series),
-    )
-    return VariantResult(
-        name=name,
-        requests=log,
-        series=series,
-        summary=summary,
-        profile=ProfileInfo(name=profile.name, kind="measured" if profile.is_measured else "analytic"),
-    )
+    return FleetRun(log, replicas, end_s)
 
 
 @contextlib.contextmanager

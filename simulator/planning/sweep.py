@@ -151,8 +151,8 @@ def build_tasks(raw: Mapping[str, Any], grid: Mapping[str, Sequence[Any]], seeds
 
 def run_task(task: SweepTask) -> list[dict[str, Any]]:
     """Run one task; one row per variant, or one row with ``error`` set. Never raises for a bad scenario."""
-    from simulator.fleet.fleet import run  # imported here so that a spawned worker pays for it once, on first use
     from simulator.scenario import load_mapping
+    from simulator.simulation import run  # imported here so that a spawned worker pays for it once, on first use
 
     head: dict[str, Any] = {"task_id": task.task_id, "seed": task.seed, **task.overrides}
     try:

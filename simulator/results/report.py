@@ -20,7 +20,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from simulator.results.metrics import RequestOutcome, RunResult, Summary, VariantResult
+from simulator.results.request_log import RequestOutcome
+from simulator.results.run_result import RunResult, VariantResult
+from simulator.results.summary import Summary
 
 __all__ = [
     "CDF_POINTS",

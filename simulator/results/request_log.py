@@ -1,6 +1,6 @@
 """The per-request log of a run: preallocated numpy columns indexed by request id, written on the
 simulator's hot path (``RequestLog.on_*``: plain scalars in, one or two item writes each) and read once at
-the end (``columns``, ``latencies_ms``, ``to_frame``). Latency definitions: see ``simulator.results.metrics``.
+the end (``columns``, ``latencies_ms``, ``to_frame``). Latency definitions: see ``simulator.results.summary``.
 
 On the per-step path, so ``fleetsim build-native`` compiles it; it must never import simpy or the
 simulator's replica/fleet modules (they import it).

@@ -5,7 +5,8 @@ Each reader turns one file format into the same columns: arrival time in seconds
 block ids. A row that does not parse is a ``ConfigError`` naming the file, the line and the column, so a
 user can open the file at that line; nothing is silently skipped except blank lines.
 
-This module only reads: it never invents arrivals, clamps lengths or hashes blocks (``workload.py`` does).
+This module only reads: it never invents arrivals, clamps lengths or hashes blocks
+(``generate``, ``trace_replay`` and ``block_keys`` do).
 """
 
 from __future__ import annotations

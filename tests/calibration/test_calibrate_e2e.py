@@ -80,8 +80,8 @@ def test_calibrate_then_validate(tmp_path: Path, capsys: pytest.CaptureFixture[s
 def test_shipped_cpu_profile_serves_a_cpu_scenario() -> None:
     """A scenario on hardware 'CPU' finds the shipped measured CPU profile and runs (no price: no cost)."""
     from simulator.cost.profile import list_profiles
-    from simulator.fleet.fleet import run
     from simulator.scenario import load_mapping
+    from simulator.simulation import run
 
     if "cpu-small-tp1-measured" not in list_profiles():
         pytest.skip("no shipped CPU profile")

@@ -16,7 +16,8 @@ pytest.importorskip("torch")
 from fake_runner import FakeRunner
 
 from calibration.drift import plan_probe
-from calibration.profiler import RunInfo, get_grid, run_grid, sidecar_path
+from calibration.grid import get_grid
+from calibration.profiler import RunInfo, run_grid, sidecar_path
 
 
 def _profile_with_timings(tmp_path: Path, grid: str = "ci") -> Path:

@@ -17,23 +17,18 @@ pytest.importorskip("torch")
 
 from fake_runner import FakeRunner
 
-from calibration.profiler import (
-    CSV_COLUMNS,
-    SHAPE_COLUMNS,
+from calibration.grid import (
     Grid,
     GridPoint,
     PointKind,
-    RunInfo,
     decode_point,
     get_grid,
     mixed_point,
     prefill_point,
-    read_timings,
-    run_grid,
     shape_of,
-    sidecar_path,
     skewed_point,
 )
+from calibration.profiler import CSV_COLUMNS, SHAPE_COLUMNS, RunInfo, read_timings, run_grid, sidecar_path
 from calibration.timing import RepeatPolicy, WallTimer, repeat, summarize, time_call
 from simulator.errors import ConfigError
 

@@ -12,13 +12,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from calibration.validate import (
-    per_step_errors,
-    relative_errors,
-    run_engine_lockstep,
-    simulate_recorded,
-    step_agreement,
-)
+from calibration.fidelity import per_step_errors, relative_errors, step_agreement
+from calibration.replay import run_engine_lockstep, simulate_recorded
 from simulator.core.config import SchedulerConfig
 from simulator.core.request import RequestSpec
 from simulator.cost.cost_model import CostModel
@@ -30,7 +25,7 @@ from simulator.cost.profile import (
     ProfileKind,
     Provenance,
 )
-from simulator.results.metrics import RequestLog
+from simulator.results.request_log import RequestLog
 from simulator.workload.traces import traces_dir
 
 

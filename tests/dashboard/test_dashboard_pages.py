@@ -13,7 +13,7 @@ pytest.importorskip("streamlit")
 
 from streamlit.testing.v1 import AppTest
 
-from dashboard import data
+from dashboard.data import choices, profiles, scenario_base, trace_files, what_if
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 SMALL = 100
@@ -58,7 +58,7 @@ def run_button(at: AppTest, key: str) -> AppTest:
 def test_whatif_default_run_renders_plots_verdict_and_cost() -> None:
     at = app()
     assert at.selectbox(key="wi_source").value == "quickstart"
-    assert at.number_input(key="wi_num_requests").value == data.DEFAULT_MAX_REQUESTS
+    assert at.number_input(key="wi_num_requests").value == what_if.DEFAULT_MAX_REQUESTS
     run_button(at, "wi_run")
     assert not errors(at)
     figures = charts(at)
@@ -106,12 +106,12 @@ def test_whatif_bad_setting_shows_the_cli_error(key: str, value: int | str, mess
 
 
 def test_whatif_replays_a_trace() -> None:
-    if not any(t.startswith("azure") for t in data.list_traces()):
+    if not any(t.startswith("azure") for t in trace_files.list_traces()):
         pytest.skip("shipped traces not present")
     at = app()
     at.radio(key="wi_load_source").set_value("trace")
     at.run()
-    at.selectbox(key="wi_trace_file").set_value(next(t for t in data.list_traces() if t.startswith("azure")))
+    at.selectbox(key="wi_trace_file").set_value(next(t for t in trace_files.list_traces() if t.startswith("azure")))
     at.number_input(key="wi_num_requests").set_value(SMALL)
     run_button(at, "wi_run")
     assert not errors(at)
@@ -120,16 +120,16 @@ def test_whatif_replays_a_trace() -> None:
 
 def test_whatif_from_scratch_resets_the_controls_and_values_survive_a_page_switch() -> None:
     at = app()
-    at.selectbox(key="wi_source").set_value(data.FROM_SCRATCH)
+    at.selectbox(key="wi_source").set_value(scenario_base.FROM_SCRATCH)
     at.run()
-    assert at.number_input(key="wi_replicas").value == data.SCRATCH["fleet"]["replicas"]
+    assert at.number_input(key="wi_replicas").value == scenario_base.SCRATCH["fleet"]["replicas"]
     at.number_input(key="wi_replicas").set_value(5)
     at.run()
     at.switch_page("app_pages/traces.py")
     at.run()
     at.switch_page("app_pages/whatif.py")
     at.run()
-    assert at.selectbox(key="wi_source").value == data.FROM_SCRATCH
+    assert at.selectbox(key="wi_source").value == scenario_base.FROM_SCRATCH
     assert at.number_input(key="wi_replicas").value == 5
 
 
@@ -165,7 +165,7 @@ def test_compare_bad_setting_shows_the_error() -> None:
     at.text_input(key="cmp_v1_name").set_value("other")
     at.number_input(key="cmp_v1_replicas").set_value(2)
     at.selectbox(key="cmp_v1_hardware").set_value("L40S")
-    at.selectbox(key="cmp_v1_preset").set_value(data.DEFAULT)
+    at.selectbox(key="cmp_v1_preset").set_value(choices.DEFAULT)
     at.run()
     assert not at.exception
     assert not errors(at)  # the quickstart's profile is the automatic one, so another GPU gets its own
@@ -186,7 +186,7 @@ def test_calibration_shows_curves_and_flags_analytic_profiles() -> None:
 
 
 def test_calibration_shows_measured_points_when_timings_ship() -> None:
-    names = [n for n in data.list_profiles_with_timings() if not n.endswith("-analytic")]
+    names = [n for n in profiles.list_profiles_with_timings() if not n.endswith("-analytic")]
     if not names:
         pytest.skip("no measured profile with raw timings is shipped")
     at = app("calibration.py")
@@ -221,7 +221,7 @@ def test_calibration_bad_setting_shows_the_error() -> None:
 
 # ----- Trace explorer --------------------------------------------------------------------------------
 
-needs_traces = pytest.mark.skipif(not any(t.startswith("azure") for t in data.list_traces()),
+needs_traces = pytest.mark.skipif(not any(t.startswith("azure") for t in trace_files.list_traces()),
                                   reason="shipped traces not present")
 
 

@@ -14,7 +14,8 @@ from simulator.cost.cost_model import CostModel
 from simulator.cost.profile import load_profile
 from simulator.fleet.arrival_feed import ArrivalFeed
 from simulator.fleet.replica import Replica
-from simulator.results.metrics import ReplicaSeries, RequestLog
+from simulator.results.request_log import RequestLog
+from simulator.results.series import ReplicaSeries
 
 PROFILE = "h200-llama-3-8b-tp1-analytic"
 

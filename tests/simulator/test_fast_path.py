@@ -6,9 +6,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from simulator.fleet.fleet import run
 from simulator.fleet.replica import Replica
 from simulator.scenario import load_mapping
+from simulator.simulation import run
 
 BASE: dict[str, Any] = {
     "schema_version": 1,

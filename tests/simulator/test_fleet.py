@@ -14,10 +14,11 @@ import pytest
 from simulator.core.request import RequestStatus
 from simulator.fleet import fleet
 from simulator.fleet.arrival_feed import ArrivalFeed
-from simulator.fleet.fleet import run
 from simulator.fleet.replica import Replica
-from simulator.results.metrics import RequestOutcome, RunResult
+from simulator.results.request_log import RequestOutcome
+from simulator.results.run_result import RunResult
 from simulator.scenario import load_mapping
+from simulator.simulation import run
 
 BASE: dict[str, Any] = {
     "schema_version": 1,

@@ -14,21 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from simulator.results import metrics
-from simulator.results.metrics import (
-    SLO,
-    CostConfig,
-    ProfileInfo,
-    ReplicaSeries,
-    RequestLog,
-    RunResult,
-    Summary,
-    VariantResult,
-    fleet_kv_util_mean,
-    round_sig,
-    summaries_with_ci,
-    summarize,
-)
+from simulator.results import run_folder
+from simulator.results.intervals import summaries_with_ci
+from simulator.results.request_log import RequestLog
+from simulator.results.run_folder import save_run
+from simulator.results.run_result import ProfileInfo, RunResult, VariantResult
+from simulator.results.series import ReplicaSeries, fleet_kv_util_mean
+from simulator.results.summary import SLO, CostConfig, Summary, round_sig, summarize
 
 
 def hand_log() -> RequestLog:
@@ -359,7 +351,7 @@ def test_summary_json_is_byte_identical_and_sorted() -> None:
 
 
 def test_save_writes_all_files(tmp_path: Path) -> None:
-    out = make_result().save(tmp_path / "runs" / "first")
+    out = save_run(make_result(), tmp_path / "runs" / "first")
     assert sorted(p.name for p in out.iterdir()) == ["report.html", "requests.parquet", "series.parquet",
                                                      "summary.json"]  # fmt: skip
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["first"]  # no temporary folder left
@@ -374,28 +366,28 @@ def test_save_refuses_a_non_empty_directory_and_leaves_it_alone(tmp_path: Path) 
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="not empty"):
-        make_result().save(out)
+        save_run(make_result(), out)
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
     assert (out / "notes.txt").read_text() == "mine"
     # With overwrite, our files land beside the user's, which survives.
-    make_result().save(out, overwrite=True)
+    save_run(make_result(), out, overwrite=True)
     assert (out / "notes.txt").read_text() == "mine" and (out / "summary.json").exists()
     (tmp_path / "file").write_text("x")
     with pytest.raises(FileExistsError):
-        make_result().save(tmp_path / "file", overwrite=True)
+        save_run(make_result(), tmp_path / "file", overwrite=True)
 
 
 def test_save_into_an_existing_empty_directory(tmp_path: Path) -> None:
-    make_result().save(tmp_path)
+    save_run(make_result(), tmp_path)
     assert (tmp_path / "report.html").exists()
 
 
 def test_save_falls_back_to_csv_without_pyarrow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Only the writer is told pyarrow is missing: hiding the module itself breaks pandas, whose string
     # columns may be backed by it (and whether they are depends on what ran before in the process).
-    monkeypatch.setattr(metrics, "_has_pyarrow", lambda: False)
-    out = make_result().save(tmp_path / "csv")
+    monkeypatch.setattr(run_folder, "_has_pyarrow", lambda: False)
+    out = save_run(make_result(), tmp_path / "csv")
     assert (out / "requests.csv").exists() and (out / "series.csv").exists()
 
 

@@ -20,7 +20,7 @@ RUN = """
 import sys, numpy as np
 sys.path.insert(0, {tests!r})
 import simulator.native
-from simulator.fleet.fleet import run
+from simulator.simulation import run
 from simulator.scenario import load_mapping
 from test_fast_path import BASE, CASES
 columns = {{}}

@@ -15,20 +15,13 @@ import yaml
 
 from simulator.cli import main as cli
 from simulator.errors import ConfigError
-from simulator.fleet.fleet import run
-from simulator.planning.plan import (
-    Criterion,
-    Evaluation,
-    ReplicaAnswer,
-    _verdict,
-    largest_passing_factor,
-    parse_search,
-    parse_slo,
-    plan,
-    smallest_passing,
-)
-from simulator.results.metrics import MetricCI
+from simulator.planning.criteria import Criterion, parse_search, parse_slo
+from simulator.planning.plan import _verdict, plan
+from simulator.planning.plan_result import Evaluation, ReplicaAnswer
+from simulator.planning.search import largest_passing_factor, smallest_passing
+from simulator.results.intervals import MetricCI
 from simulator.scenario import deep_merge, expand_dotted, load_mapping
+from simulator.simulation import run
 
 SMALL: dict[str, Any] = {
     "schema_version": 1,

@@ -5,16 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.results.metrics import (
-    SLO,
-    ProfileInfo,
-    ReplicaSeries,
-    RequestLog,
-    RunResult,
-    VariantResult,
-    summarize,
-)
 from simulator.results.report import MAX_REPLICA_LINES, render_report
+from simulator.results.request_log import RequestLog
+from simulator.results.run_result import ProfileInfo, RunResult, VariantResult
+from simulator.results.series import ReplicaSeries
+from simulator.results.summary import SLO, summarize
 
 PLOT_IDS = ("ttft-cdf", "tpot-cdf", "e2e-cdf", "throughput", "queue", "prefix-hit", "kv-util-0")
 

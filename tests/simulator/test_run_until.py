@@ -21,8 +21,10 @@ from simulator.core.request import RequestSpec
 from simulator.cost.cost_model import CostModel
 from simulator.cost.profile import load_profile
 from simulator.fleet.arrival_feed import ArrivalFeed
-from simulator.fleet.replica import Replica, heap_pop, heap_push, heap_replace, run_until
-from simulator.results.metrics import ReplicaSeries, RequestLog
+from simulator.fleet.clock import heap_pop, heap_push, heap_replace, run_until
+from simulator.fleet.replica import Replica
+from simulator.results.request_log import RequestLog
+from simulator.results.series import ReplicaSeries
 
 PROFILE = "h200-llama-3-8b-tp1-analytic"
 

@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 
-from simulator.fleet.fleet import run
-from simulator.results.metrics import RunResult, Summary
+from simulator.results.run_result import RunResult
+from simulator.results.summary import Summary
 from simulator.scenario import load_scenario
+from simulator.simulation import run
 from simulator.workload.traces import TRACES_TOKEN, traces_dir
 
 ROOT = Path(__file__).resolve().parents[2]

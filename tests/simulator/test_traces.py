@@ -12,8 +12,10 @@ import pytest
 from pydantic import ValidationError
 
 from simulator.errors import ConfigError
+from simulator.workload.config import WorkloadConfig
+from simulator.workload.generate import generate
 from simulator.workload.traces import read_trace, resolve_trace_path, traces_dir
-from simulator.workload.workload import Workload, WorkloadConfig, generate
+from simulator.workload.workload import Workload
 
 SHIPPED = traces_dir()
 needs_traces = pytest.mark.skipif(not SHIPPED.is_dir(), reason=f"shipped traces not found at {SHIPPED}")

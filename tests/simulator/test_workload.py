@@ -13,16 +13,12 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from simulator.core.request import RequestSpec
-from simulator.workload.workload import (
-    ARRIVAL_PROCESSES,
-    LENGTH_DISTRIBUTIONS,
-    CurveArrival,
-    Workload,
-    WorkloadConfig,
-    arrival_times,
-    chain_hashes,
-    generate,
-)
+from simulator.workload.arrival import ARRIVAL_PROCESSES, CurveArrival, arrival_times
+from simulator.workload.block_keys import chain_hashes
+from simulator.workload.config import WorkloadConfig
+from simulator.workload.generate import generate
+from simulator.workload.lengths import LENGTH_DISTRIBUTIONS
+from simulator.workload.workload import Workload
 
 BLOCK = 16
 

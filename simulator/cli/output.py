@@ -1,0 +1,51 @@
+"""Where a command writes: a fresh run folder that never touches an earlier one, or a folder the user
+named, refused when it holds files unless they said --overwrite; and the progress bar on stderr."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from simulator.errors import ConfigError
+
+
+def fresh_out_dir(name: str) -> Path:
+    """runs/NAME, or runs/NAME-2, -3, ... so an earlier run is never touched."""
+    base = Path("runs") / name
+    candidate, k = base, 2
+    while candidate.exists():
+        candidate = base.with_name(f"{name}-{k}")
+        k += 1
+    return candidate
+
+
+def checked_out_dir(out: Path, overwrite: bool) -> Path:
+    """An --out the user named: refused when it holds files, unless --overwrite (never silently)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"output folder {out} exists and is not empty (choose another --out or pass --overwrite)")
+    return out
+
+
+def progress_bar(enabled: bool) -> tuple[Callable[[str, int, int], None] | None, Callable[[], None]]:
+    if not enabled:
+        return None, lambda: None
+    from tqdm import tqdm
+
+    bars: dict[str, Any] = {}
+
+    def update(variant: str, done: int, total: int) -> None:
+        bar = bars.get(variant)
+        if bar is None:
+            bar = bars[variant] = tqdm(total=total, desc=f"{variant:>12}", unit="req", leave=True,
+                                       file=sys.stderr, mininterval=0.5)
+        bar.update(done - bar.n)
+
+    def close() -> None:
+        for bar in bars.values():
+            bar.close()
+
+    return update, close

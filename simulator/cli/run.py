@@ -1,0 +1,83 @@
+"""``fleetsim run``: simulate a scenario's variants, print the summary table and the SLO verdict, save
+the run folder (report.html, summary.json, requests and series)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from simulator.cli.output import checked_out_dir, fresh_out_dir, progress_bar
+
+SUMMARY_COLUMNS = (
+    ("requests_completed", "done", "{:.0f}"),
+    ("ttft_p50_ms", "TTFT p50 ms", "{:.1f}"),
+    ("ttft_p99_ms", "TTFT p99 ms", "{:.1f}"),
+    ("tpot_p50_ms", "TPOT p50 ms", "{:.2f}"),
+    ("tpot_p99_ms", "TPOT p99 ms", "{:.2f}"),
+    ("e2e_p99_ms", "E2E p99 ms", "{:.0f}"),
+    ("throughput_tok_s", "tok/s", "{:.0f}"),
+    ("slo_attainment", "SLO att.", "{:.3f}"),
+    ("kv_util_mean", "KV use", "{:.3f}"),
+    ("kv_waste_mean", "KV waste", "{:.3f}"),
+    ("running_peak", "peak run", "{:.0f}"),
+    ("prefix_hit_rate", "prefix hit", "{:.3f}"),
+    ("preemptions", "preempt", "{:.0f}"),
+    ("cost_per_mtok_usd", "$/Mtok", "{:.3f}"),
+)
+
+
+def format_table(rows: dict[str, dict[str, Any]]) -> str:
+    """Variants as rows, the headline metrics as columns."""
+    header = ["variant", *(title for _, title, _ in SUMMARY_COLUMNS)]
+    body = []
+    for name, summary in rows.items():
+        cells = [name]
+        for key, _, fmt in SUMMARY_COLUMNS:
+            value = summary.get(key)
+            cells.append("-" if value is None else fmt.format(value))
+        body.append(cells)
+    widths = [max(len(str(r[i])) for r in [header, *body]) for i in range(len(header))]
+    lines = [
+        "  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        for r in [header, *body]
+    ]
+    return "\n".join(lines)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from simulator.results.run_folder import save_run
+    from simulator.scenario import load_scenario
+    from simulator.simulation import run
+
+    loaded = load_scenario(args.scenario, args.set or [], seed=args.seed)
+    out = checked_out_dir(Path(args.out), args.overwrite) if args.out else fresh_out_dir(loaded.scenario.name)
+    progress, close = progress_bar(not args.quiet)
+    try:
+        result = run(loaded, progress=progress)
+    finally:
+        close()
+    saved = save_run(result, out, overwrite=args.overwrite)
+    rows = {name: v.summary.to_dict() for name, v in result.variants.items()}
+    print(format_table(rows))
+    for variant in result.variants.values():
+        if variant.profile.kind == "analytic":
+            print(f"note: {variant.name}: cost model {variant.profile.name} is analytic, not measured")
+    for name, summary in rows.items():
+        verdict = summary.get("slo_met")
+        if verdict is not None and loaded.scenario.slo is not None:
+            print(f"SLO {'met' if verdict else 'NOT met'} by {name}: attainment {summary['slo_attainment']:.3f}")
+    print(f"report: {saved / 'report.html'}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``fleetsim run``."""
+    p = subparsers.add_parser("run", help="simulate a scenario and write a report")
+    p.add_argument("scenario", help="scenario YAML file")
+    p.add_argument("--out", help="output folder (default runs/NAME, never an existing one)")
+    p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a scenario field")
+    p.add_argument("--seed", type=int, help="override the scenario's seed")
+    p.add_argument("--overwrite", action="store_true", help="write into an existing non-empty --out")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_run)

@@ -1,0 +1,155 @@
+"""What a scenario run produced: one ``VariantResult`` per variant (request log, replica series, summary,
+profile), as DataFrames for notebooks and as the deterministic text of ``summary.json``. Data only: the
+report and the run folder (``report``, ``run_folder``) read it; nothing here renders or writes files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel
+
+from simulator.results.request_log import RequestLog
+from simulator.results.series import SERIES_COLUMNS, ReplicaSeries
+from simulator.results.summary import Summary
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileInfo:
+    """Which cost-model profile produced the step times, and whether it was measured on an engine."""
+
+    name: str
+    kind: Literal["measured", "analytic"]
+
+    def to_dict(self) -> dict[str, str]:
+        return {"name": self.name, "kind": self.kind}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VariantResult:
+    """Everything one variant of a scenario produced."""
+
+    name: str
+    requests: RequestLog
+    series: list[ReplicaSeries]
+    summary: Summary
+    profile: ProfileInfo
+    """Variants may override hardware or model, so each carries its own profile."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunResult:
+    """The outcome of a scenario run: one ``VariantResult`` per variant, in the scenario's order."""
+
+    scenario_name: str
+    variants: dict[str, VariantResult]
+    scenario: dict[str, Any] = field(default_factory=dict)
+    """The resolved scenario (after variants and --set overrides), kept for the record."""
+
+    def __post_init__(self) -> None:
+        if not self.variants:
+            raise ValueError("a RunResult needs at least one variant")
+        for key, v in self.variants.items():
+            if key != v.name:
+                raise ValueError(f"variant stored under {key!r} is named {v.name!r}")
+
+    @property
+    def analytic(self) -> bool:
+        """True when any variant's step times come from an analytic (not measured) profile."""
+        return any(v.profile.kind == "analytic" for v in self.variants.values())
+
+    def _select(self, variant: str | None) -> list[VariantResult]:
+        if variant is None:
+            return list(self.variants.values())
+        if variant not in self.variants:
+            raise KeyError(f"no variant {variant!r}; variants are {sorted(self.variants)}")
+        return [self.variants[variant]]
+
+    def requests_df(self, variant: str | None = None) -> pd.DataFrame:
+        """One row per request of ``variant`` (all variants when None) with a leading ``variant`` column
+        and derived ``queue_ms``, ``ttft_ms``, ``tpot_ms``, ``e2e_ms``."""
+        frames = []
+        for v in self._select(variant):
+            frame = v.requests.to_frame()
+            frame.insert(0, "variant", v.name)
+            frames.append(frame)
+        return pd.concat(frames, ignore_index=True)
+
+    def series_df(self, variant: str | None = None) -> pd.DataFrame:
+        """Sampled replica state of ``variant`` (all variants when None), one row per replica and time."""
+        frames = []
+        for v in self._select(variant):
+            for s in v.series:
+                frame = s.to_frame()
+                frame.insert(0, "variant", v.name)
+                frames.append(frame)
+        if not frames:
+            columns = [
+                "variant",
+                "replica",
+                *SERIES_COLUMNS,
+                "kv_util",
+                "prefix_hit_rate",
+                "prefix_hit_rate_cum",
+            ]
+            return pd.DataFrame(columns=columns)
+        return pd.concat(frames, ignore_index=True)
+
+    def summary_df(self) -> pd.DataFrame:
+        """One row per variant, indexed by variant name, columns as in ``Summary.to_dict``."""
+        rows = {name: v.summary.to_dict() for name, v in self.variants.items()}
+        frame = pd.DataFrame.from_dict(rows, orient="index")
+        frame.index.name = "variant"
+        return frame
+
+    def to_pandas(self) -> pd.DataFrame:
+        """Requests of all variants, with a ``variant`` column: the table notebooks start from."""
+        return self.requests_df()
+
+    def summary_json(self) -> str:
+        """The text of summary.json: sorted keys, two-space indent, byte-identical for identical runs."""
+        base = next(iter(self.variants.values()))
+        doc = {
+            "scenario_name": self.scenario_name,
+            "scenario": _json_safe(self.scenario),
+            "profile": base.profile.to_dict(),
+            "profiles": {name: v.profile.to_dict() for name, v in self.variants.items()},
+            "variants": {name: v.summary.to_dict() for name, v in self.variants.items()},
+        }
+        return json.dumps(doc, sort_keys=True, indent=2, allow_nan=False) + "\n"
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` made JSON-serialisable: numpy scalars and arrays, paths, enums, tuples and sets
+    converted, non-finite floats turned into None. Keys become strings."""
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, BaseModel):
+        return _json_safe(value.model_dump(mode="json"))
+    if isinstance(value, Enum):
+        return _json_safe(value.value)
+    if isinstance(value, bool | str) or value is None:
+        return value
+    if isinstance(value, np.ndarray):
+        return [_json_safe(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        return _json_safe(value.item())
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, set | frozenset):
+        return sorted((_json_safe(v) for v in value), key=repr)
+    return str(value)

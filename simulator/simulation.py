@@ -1,0 +1,94 @@
+"""A scenario simulated: its variants, one after another, on the identical request stream -> ``RunResult``.
+
+The seam between the scenario (what the user asked for) and the fleet (what runs): ``simulate`` resolves
+one variant into the fleet's settings, runs the fleet, and summarises what it recorded. Variants share
+the seed, the arrivals and the lengths; only what a variant overrides differs.
+"""
+
+from __future__ import annotations
+
+from simulator.cost.cost_model import CostModel
+from simulator.cost.profile import get_accelerator
+from simulator.fleet.fleet import FleetRun, FleetSetup, InspectFn, ProgressFn, run_fleet
+from simulator.results.run_result import ProfileInfo, RunResult, VariantResult
+from simulator.results.series import fleet_kv_util_mean, fleet_kv_waste, fleet_running_mean
+from simulator.results.summary import Summary, summarize
+from simulator.scenario import LoadedScenario, ReplicaSetup, Scenario, resolve_replica, scenario_record
+from simulator.workload.generate import generate
+from simulator.workload.workload import Workload
+
+__all__ = ["InspectFn", "ProgressFn", "run", "simulate"]
+
+
+def run(loaded: LoadedScenario, *, progress: ProgressFn | None = None, inspect: InspectFn | None = None) -> RunResult:
+    """Simulate every variant of a scenario on the same request stream."""
+    variants = loaded.variants()
+    workloads: dict[tuple[str, int], Workload] = {}
+    results = {}
+    for name, scenario in variants.items():
+        setup = resolve_replica(scenario)
+        key = (scenario.workload.model_dump_json(), setup.scheduler.block_size)
+        if key not in workloads:  # hashes depend on the block size; arrivals and lengths do not
+            workloads[key] = generate(scenario.workload, seed=scenario.seed,
+                                      block_size=setup.scheduler.block_size, base_dir=loaded.base_dir)
+        results[name] = simulate(scenario, workloads[key], name=name, progress=progress, inspect=inspect)
+    record = {name: scenario_record(sc) for name, sc in variants.items()}
+    return RunResult(scenario_name=loaded.scenario.name, variants=results, scenario=record)
+
+
+def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
+             progress: ProgressFn | None = None, inspect: InspectFn | None = None) -> VariantResult:
+    """One variant: build the replicas and the router, replay the workload, summarise."""
+    setup = resolve_replica(scenario)
+    fleet = run_fleet(fleet_setup(scenario, setup), workload, name=name, progress=progress, inspect=inspect)
+    profile = setup.profile
+    return VariantResult(
+        name=name,
+        requests=fleet.log,
+        series=fleet.series,
+        summary=_summary(scenario, fleet),
+        profile=ProfileInfo(name=profile.name, kind="measured" if profile.is_measured else "analytic"),
+    )
+
+
+def fleet_setup(scenario: Scenario, setup: ReplicaSetup) -> FleetSetup:
+    """The fleet's settings for one variant of a scenario."""
+    sim = scenario.simulation
+    return FleetSetup(
+        num_replicas=scenario.fleet.replicas,
+        scheduler=setup.scheduler,
+        cost=CostModel(setup.profile, factor=sim.cost_factor),  # issue 8: sensitivity factor
+        router=scenario.router,
+        seed=scenario.seed,
+        network_latency_s=scenario.network.latency_ms / 1000.0,
+        sample_interval_s=sim.sample_interval_s,
+        fast_path=sim.fast_path,
+        horizon_s=sim.horizon_s,
+    )
+
+
+def _summary(scenario: Scenario, fleet: FleetRun) -> Summary:
+    """The variant's headline figures from the fleet's log, series and schedulers."""
+    sim = scenario.simulation
+    replicas = fleet.replicas
+    series = fleet.series
+    hits = sum(r.scheduler.kv.num_hit_tokens for r in replicas)
+    lookups = sum(r.scheduler.kv.num_lookup_tokens for r in replicas)
+    try:
+        price = get_accelerator(scenario.fleet.hardware).price_usd_per_gpu_hour
+    except Exception:  # a calibration device (a CPU) has no list price: cost is simply not reported
+        price = None
+    return summarize(
+        fleet.log,
+        duration_s=fleet.end_s,
+        slo=scenario.slo,
+        num_gpus=scenario.fleet.replicas * scenario.fleet.tp,
+        usd_per_gpu_hour=scenario.cost.resolve_price(price),
+        kv_util_mean=fleet_kv_util_mean(series, warmup_s=sim.warmup_s),
+        prefix_hit_rate=hits / lookups if lookups else 0.0,
+        preemptions=sum(r.scheduler.num_preemptions for r in replicas),
+        warmup_s=sim.warmup_s,
+        running_mean=fleet_running_mean(series, warmup_s=sim.warmup_s),
+        running_peak=max(s.peak_running for s in series),
+        kv_waste_mean=fleet_kv_waste(series),
+    )

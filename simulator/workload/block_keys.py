@@ -1,0 +1,181 @@
+"""Block hashes a request brings to the prefix cache, derived from integers and never from Python's
+salted ``hash()``: per-block content keys (synthetic streams with shared system prompts, or Mooncake's
+block ids) chained with a splitmix64 mix, so equal hashes at block j mean equal content at blocks 0..j."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Literal, Protocol
+
+import numpy as np
+
+from simulator.workload.traces import MOONCAKE_BLOCK_TOKENS
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+
+
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+_ROOT = np.uint64(0x243F6A8885A308D3)
+"""Parent of every chain's first block (digits of pi: any fixed constant works)."""
+
+
+class BlockTag(IntEnum):
+    """Namespaces of block content, so a system prompt's block never equals a session's or a trace's."""
+
+    SYSTEM_PROMPT = 1
+    SESSION = 2
+    REQUEST = 3
+    MOONCAKE = 4
+
+
+def _mix_into(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, in place: a bijection on uint64 that spreads each input bit over the output.
+
+    In place because it runs once per block in ``chain_hashes``; uint64 arrays wrap modulo 2**64 silently.
+    """
+    z += _GOLDEN
+    z ^= z >> np.uint64(30)
+    z *= _MIX1
+    z ^= z >> np.uint64(27)
+    z *= _MIX2
+    z ^= z >> np.uint64(31)
+    return z
+
+
+def _mix(values: np.ndarray | int) -> np.ndarray:
+    """``_mix_into`` on a copy."""
+    return _mix_into(np.array(values, dtype=np.uint64))
+
+
+def _namespace_key(seed: int, tag: BlockTag) -> np.uint64:
+    """A random-looking 64-bit key per (seed, namespace), mixed into every block key of that namespace."""
+    return np.uint64(_mix(_mix(seed & 0xFFFF_FFFF_FFFF_FFFF) ^ np.uint64(tag)))
+
+
+def chain_hashes(keys: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Chain each request's block keys: hash[j] = mix(hash[j - 1] ^ key[j]), hash[-1] = a fixed root.
+
+    ``keys`` holds every request's block keys back to back; request i owns ``keys[offsets[i]:offsets[i+1]]``.
+    Equal hashes at block j therefore mean equal keys at blocks 0..j, which is what a prefix cache needs.
+    Vectorised over requests, one numpy pass per block position: requests sorted longest first make the
+    ones still active at position j a prefix of that order.
+    """
+    counts = np.diff(offsets)
+    hashes = np.empty(len(keys), dtype=np.uint64)
+    if len(keys) == 0:
+        return hashes
+    order = np.argsort(-counts, kind="stable")
+    starts = offsets[:-1][order]
+    num_active = np.searchsorted(-counts[order], -np.arange(int(counts.max())), side="left")
+    parents = np.full(len(order), _ROOT, dtype=np.uint64)
+    for position, active in enumerate(num_active.tolist()):
+        index = starts[:active] + position
+        current = parents[:active]  # a view: the chains advance in place
+        current ^= keys[index]
+        _mix_into(current)
+        hashes[index] = current
+    return hashes
+
+
+def block_positions(num_blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(offsets, owning row, position within the row) for every block of rows with num_blocks each."""
+    offsets = np.zeros(len(num_blocks) + 1, dtype=np.int64)
+    np.cumsum(num_blocks, out=offsets[1:])
+    row = np.repeat(np.arange(len(num_blocks)), num_blocks)
+    position = np.arange(offsets[-1], dtype=np.int64) - offsets[row]
+    return offsets, row, position
+
+
+class BlockKeys(Protocol):
+    """Content keys of each full block of requests [start, stop), to be chained into block hashes."""
+
+    def keys(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """(keys as uint64, offsets of each request's keys, length stop - start + 1)."""
+        ...
+
+
+class SyntheticBlockKeys:
+    """Blocks of synthetic token streams: an optional shared system prompt, then a private stream.
+
+    A stream is a session's whole conversation or one request's prompt. Block j of a stream covers tokens
+    [j * block_size, (j + 1) * block_size): if it lies wholly inside the system prompt its key names
+    (system prompt, j), shared by every request with that prompt; otherwise (stream, j), private to the
+    stream. Turn k + 1 of a session walks the same stream further, so it repeats turn k's full-block keys
+    and the block that straddled the end of turn k gets its first hash, a new one.
+    """
+
+    def __init__(
+        self,
+        *,
+        seed: int,
+        block_size: int,
+        stream_tag: Literal[BlockTag.SESSION, BlockTag.REQUEST],
+        stream_id: np.ndarray,
+        hashed_tokens: np.ndarray,
+        prefix_id: np.ndarray | None = None,
+        prefix_tokens: int = 0,
+    ) -> None:
+        self._prefix_tag = _namespace_key(seed, BlockTag.SYSTEM_PROMPT)
+        self._stream_tag = _namespace_key(seed, stream_tag)
+        self._block_size = block_size
+        self._stream_id = stream_id
+        self._hashed_tokens = hashed_tokens
+        self._prefix_id = prefix_id
+        self._prefix_blocks = prefix_tokens // block_size
+
+    def keys(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        offsets, row, position = block_positions(self._hashed_tokens[start:stop] // self._block_size)
+        owner = self._stream_id[start:stop][row]
+        tag = np.full(len(row), self._stream_tag, dtype=np.uint64)
+        if self._prefix_id is not None:
+            prefix = self._prefix_id[start:stop][row]
+            shared = (prefix >= 0) & (position < self._prefix_blocks)
+            owner = np.where(shared, prefix, owner)
+            tag[shared] = self._prefix_tag
+        # (owner, position) packed in one word: both stay far below 2**32 (ids count requests or sessions).
+        packed = (owner.astype(np.uint64) << np.uint64(32)) | position.astype(np.uint64)
+        return _mix_into(packed ^ tag), offsets
+
+
+class MooncakeBlockKeys:
+    """Mooncake's 512-token block ids mapped onto the engine's block size.
+
+    With block_size <= 512, id h at trace position p becomes 512 / block_size engine blocks keyed
+    (h, sub-index); chaining makes each hash depend on every id before it. So two requests whose first k
+    ids agree share exactly k * 512 / block_size hashes and differ from the next block on. With a larger
+    block size each engine block is keyed by its run of ids. Only blocks full within the (possibly
+    truncated) prompt get a hash.
+    """
+
+    def __init__(
+        self, *, block_size: int, id_values: np.ndarray, id_offsets: np.ndarray, prompt_tokens: np.ndarray
+    ) -> None:
+        self._block_size = block_size
+        self._ids = id_values.astype(np.uint64)
+        self._id_offsets = id_offsets
+        self._prompt_tokens = prompt_tokens
+        self._tag = _namespace_key(0, BlockTag.MOONCAKE)  # trace ids mean the same whatever the seed
+
+    def keys(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        first_id = self._id_offsets[start:stop]
+        num_ids = self._id_offsets[start + 1 : stop + 1] - first_id
+        full_blocks = self._prompt_tokens[start:stop] // self._block_size
+        if self._block_size <= MOONCAKE_BLOCK_TOKENS:
+            per_id = MOONCAKE_BLOCK_TOKENS // self._block_size
+            offsets, row, position = block_positions(np.minimum(full_blocks, num_ids * per_id))
+            trace_id = self._ids[first_id[row] + position // per_id]
+            keys = _mix_into(trace_id ^ self._tag)
+            keys += (position % per_id).astype(np.uint64)
+            return _mix_into(keys), offsets
+        ids_per_block = self._block_size // MOONCAKE_BLOCK_TOKENS
+        offsets, row, position = block_positions(np.minimum(full_blocks, num_ids // ids_per_block))
+        keys = np.full(len(row), self._tag, dtype=np.uint64)
+        for sub in range(ids_per_block):
+            keys ^= self._ids[first_id[row] + position * ids_per_block + sub]
+            _mix_into(keys)
+        return keys, offsets
