@@ -127,9 +127,10 @@ class Scenario(_Section):
 
     schema_version: Literal[1]
     """Version of this file format (1)."""
-    name: str
+    name: str = Field(min_length=1, max_length=128)
+    """The run's name, and the folder it is saved in under ``runs/``: a name, never a path."""
     description: str = ""
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
     """Seed of the workload and of randomised routers; the same seed gives identical results."""
     workload: WorkloadConfig
     fleet: FleetConfig = FleetConfig()
@@ -141,6 +142,14 @@ class Scenario(_Section):
     simulation: SimulationConfig = SimulationConfig()
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Named overrides of the sections above, run side by side on the identical request stream."""
+
+    @field_validator("name")
+    @classmethod
+    def _a_name_not_a_path(cls, value: str) -> str:
+        if any(sep in value for sep in ("/", "\\")) or value.startswith(".") or not value.isprintable():
+            raise ValueError("name must be a plain name (no '/', '\\', leading '.', or control characters): "
+                             "it becomes the folder runs/NAME")
+        return value
 
 
 @dataclass(frozen=True, slots=True)

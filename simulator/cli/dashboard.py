@@ -22,9 +22,13 @@ def app_path() -> Path:
     return Path(simulator.__file__).resolve().parent.parent / "dashboard" / "app.py"
 
 
-def command(port: int | None = None, *, headless: bool = False) -> list[str]:
-    """The ``streamlit run`` command line (the current interpreter's Streamlit)."""
-    cmd = [sys.executable, "-m", "streamlit", "run", str(app_path())]
+DEFAULT_HOST = "127.0.0.1"
+"""The dashboard runs simulations and reads files for whoever reaches it: loopback only unless asked."""
+
+
+def command(port: int | None = None, *, headless: bool = False, host: str = DEFAULT_HOST) -> list[str]:
+    """The ``streamlit run`` command line (the current interpreter's Streamlit), listening on ``host``."""
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app_path()), "--server.address", host]
     if port is not None:
         cmd += ["--server.port", str(port)]
     if headless:
@@ -39,14 +43,16 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("streamlit") is None:
         raise ConfigError("the dashboard needs Streamlit: pip install 'fleetsim[dashboard]'")
     try:
-        return subprocess.call(command(args.port, headless=args.headless))
+        return subprocess.call(command(args.port, headless=args.headless, host=args.host))
     except KeyboardInterrupt:  # Ctrl-C stops Streamlit too; that is how the user quits
         return 0
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``fleetsim dashboard [--port N] [--headless]``."""
+    """Add ``fleetsim dashboard [--host H] [--port N] [--headless]``."""
     p = subparsers.add_parser("dashboard", help="open the what-if dashboard in the browser (Streamlit)")
     p.add_argument("--port", type=int, default=None, help="port to serve on (default: Streamlit's, 8501)")
+    p.add_argument("--host", default=DEFAULT_HOST,
+                   help=f"address to listen on (default {DEFAULT_HOST}: this machine only; 0.0.0.0: every interface)")
     p.add_argument("--headless", action="store_true", help="do not open a browser window")
     p.set_defaults(func=cmd_dashboard)

@@ -14,7 +14,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
 
 from simulator.errors import ConfigError
 
@@ -32,8 +32,17 @@ ENTRY_POINT_GROUP = "fleetsim.commands"
 """Entry points of installed packages adding commands: each names a ``register(subparsers)`` function."""
 
 
+def installed_version() -> str:
+    """The installed distribution's version ("unknown" when run from a checkout that was never installed)."""
+    try:
+        return version("fleetsim")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fleetsim", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--version", action="version", version=f"fleetsim {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in PLUGINS.values():
         importlib.import_module(module).register(sub)

@@ -42,6 +42,16 @@ def test_subcommand_runs_streamlit_on_the_port(monkeypatch: pytest.MonkeyPatch) 
     assert args.port is None and "--server.port" not in cli_dashboard.command(args.port)
 
 
+def test_dashboard_listens_on_loopback_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[str]] = []
+    monkeypatch.setattr(subprocess, "call", lambda cmd: calls.append(cmd) or 0)
+    for argv, host in ((["dashboard"], "127.0.0.1"), (["dashboard", "--host", "0.0.0.0"], "0.0.0.0")):
+        args = parser().parse_args(argv)
+        assert args.func(args) == 0
+        cmd = calls.pop()
+        assert cmd[cmd.index("--server.address") + 1] == host
+
+
 def test_simulator_never_imports_the_dashboard() -> None:
     code = (
         "import sys, simulator.cli.main, simulator.cli.dashboard, simulator.fleet.fleet, simulator.results.report; "

@@ -253,3 +253,29 @@ def test_unknown_subcommand_is_a_usage_error(capsys: pytest.CaptureFixture[str])
         main(["frobnicate"])
     assert info.value.code == EXIT_USAGE
     assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "/tmp/absolute", "sub/dir", ".hidden", "new\nline"])
+def test_a_scenario_name_that_is_a_path_is_refused_before_anything_is_written(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, {**TINY, "name": name})
+    assert main(["run", str(path), "--quiet"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "name must be a plain name" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scenario.yaml"]  # no runs/ folder, nothing outside
+
+
+def test_a_negative_seed_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, TINY)
+    assert main(["run", str(path), "--quiet", "--seed", "-1", "--out", str(tmp_path / "out")]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "seed" in err and not (tmp_path / "out").exists()
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.startswith("fleetsim ")
