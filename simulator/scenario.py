@@ -185,9 +185,12 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
     """Read, override and validate a scenario file; every failure is one ConfigError."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"cannot read scenario: {err.strerror}", file=path) from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"not a text file (byte {err.start} is not UTF-8): a scenario is YAML text",
+                          file=path) from None
     try:
         raw = yaml_text.safe_load(text)
     except yaml.YAMLError as err:
