@@ -1,7 +1,7 @@
 """``fleetsim calibrate`` and ``fleetsim validate``: the calibration half of the command line.
 
-``register(subparsers)`` adds both subcommands; ``simulator/cli.py`` imports this module only when it
-builds its parser (the simulator package never imports calibration at module level). This module is only
+``register(subparsers)`` adds both subcommands; the ``fleetsim`` parser finds it through the
+``fleetsim.commands`` entry point (the simulator package never imports calibration). This module is only
 the argparse glue: the calibration pipeline is ``calibration.calibrate.calibrate`` (tests and the device
 script call it without argparse), the validation one ``calibration.validate.validate``.
 """
@@ -9,13 +9,23 @@ script call it without argparse), the validation one ``calibration.validate.vali
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from pathlib import Path
 from typing import Any
 
 from calibration.calibrate import DEFAULT_CPU_KV_GIB, calibrate
+from simulator.errors import ConfigError
+
+
+def require_engine(command: str) -> None:
+    """One line naming the install, instead of torch's ModuleNotFoundError traceback halfway in."""
+    if importlib.util.find_spec("torch") is None:
+        raise ConfigError(f"fleetsim {command} runs the real engine, which needs PyTorch: "
+                          "pip install -e '.[engine]'")
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    require_engine("calibrate")
     outputs = calibrate(
         device=args.device, model=args.model, out=args.out, tp=args.tp, grid=args.grid, dtype=args.dtype,
         backend=args.backend, kv_gib=args.kv_gib, threads=args.threads, hardware=args.hardware,
@@ -50,6 +60,7 @@ def _command_line() -> str:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    require_engine("validate")
     from calibration.validate import ValidationOptions, print_report, validate
 
     options = ValidationOptions(
