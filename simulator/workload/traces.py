@@ -62,6 +62,16 @@ class TraceRows:
         return len(self.prompt_tokens)
 
 
+QUOTE_CHARS = 24
+"""A bad value is quoted in an error at most this long: enough to find it, never a file's contents."""
+
+
+def quoted(value: object, limit: int = QUOTE_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters (with an ellipsis), for error messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def traces_dir() -> Path:
     """Where ``${traces}`` points: $FLEETSIM_TRACES, else ``<repo root>/../shared/data/traces``."""
     env = os.environ.get("FLEETSIM_TRACES")
@@ -123,7 +133,7 @@ def _csv_rows(file: Path, columns: Sequence[str], max_rows: int | None) -> Itera
         names = [name.strip() for name in header]
         missing = [c for c in columns if c not in names]
         if missing:
-            raise ConfigError(f"line 1: header lacks column(s) {missing}; it has {names}", file=file)
+            raise ConfigError(f"line 1: header lacks column(s) {missing} (it has {len(names)} columns)", file=file)
         positions = [names.index(c) for c in columns]
         count = 0
         for values in reader:
@@ -147,7 +157,7 @@ def _parse_tokens(text: str, *, file: Path, line: int, column: str) -> int:
         value = math.nan
     if not math.isfinite(value) or value < 0 or not value.is_integer():
         raise ConfigError(
-            f"line {line}: expected a non-negative whole number of tokens, got {text!r}",
+            f"line {line}: expected a non-negative whole number of tokens, got {quoted(text)}",
             file=file,
             field=column,
         )
@@ -160,7 +170,7 @@ def _parse_azure_time(text: str, *, file: Path, line: int, column: str) -> datet
         return datetime.fromisoformat(text.strip())
     except ValueError:
         raise ConfigError(
-            f"line {line}: expected a timestamp like 2023-11-16 18:17:03.9799600, got {text!r}",
+            f"line {line}: expected a timestamp like 2023-11-16 18:17:03.9799600, got {quoted(text)}",
             file=file,
             field=column,
         ) from None
@@ -180,7 +190,7 @@ def _read_azure(file: Path, max_rows: int | None) -> TraceRows:
             times.append((moment - first).total_seconds())
         except TypeError:  # one row with a UTC offset, another without: not comparable
             raise ConfigError(
-                f"line {line}: timestamp {stamp!r} mixes time zones with the first row",
+                f"line {line}: timestamp {quoted(stamp)} mixes time zones with the first row",
                 file=file,
                 field=columns[0],
             ) from None
@@ -221,7 +231,7 @@ def _json_field(row: dict[str, object], key: str, *, file: Path, line: int) -> o
 def _json_tokens(row: dict[str, object], key: str, *, file: Path, line: int) -> int:
     value = _json_field(row, key, file=file, line=line)
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"line {line}: expected a number, got {value!r}", file=file, field=key)
+        raise ConfigError(f"line {line}: expected a number, got {quoted(value)}", file=file, field=key)
     return _parse_tokens(str(value), file=file, line=line, column=key)
 
 
@@ -262,7 +272,7 @@ def _read_mooncake(file: Path, max_rows: int | None) -> TraceRows:
             stamp_ms = _json_field(row, "timestamp", file=file, line=line)
             if isinstance(stamp_ms, bool) or not isinstance(stamp_ms, int | float) or not math.isfinite(stamp_ms):
                 raise ConfigError(
-                    f"line {line}: expected a number of milliseconds, got {stamp_ms!r}",
+                    f"line {line}: expected a number of milliseconds, got {quoted(stamp_ms)}",
                     file=file,
                     field="timestamp",
                 )

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from simulator.errors import ConfigError
 from simulator.workload.config import WorkloadConfig
 from simulator.workload.generate import generate
-from simulator.workload.traces import read_trace, resolve_trace_path, traces_dir
+from simulator.workload.traces import TraceFormat, read_trace, resolve_trace_path, traces_dir
 from simulator.workload.workload import Workload
 
 SHIPPED = traces_dir()
@@ -266,3 +266,17 @@ def test_mooncake_partial_blocks_and_truncation_get_no_hash(tmp_path: Path) -> N
     assert short.prompt_tokens == 100 and short.block_hashes == spec.block_hashes[: 100 // 16]
     (big,) = replay({"format": "mooncake", "path": "m.jsonl"}, block_size=1024, base_dir=tmp_path).specs()
     assert big.block_hashes == ()  # 1000 tokens fill no 1024-token block
+
+
+@pytest.mark.parametrize("trace_format", list(TraceFormat))
+def test_an_error_never_shows_the_files_contents(trace_format: TraceFormat, tmp_path: Path) -> None:
+    """A scenario pointed at a file that is no trace (say /etc/passwd) gets an error that names the file and
+    the line, and quotes at most a short, cut piece of a bad value: never the secret on the line."""
+    secret = "root:x:0:0:SECRET-PASSWORD-HASH-0123456789abcdef:/root:/bin/bash"
+    path = tmp_path / "passwd"
+    path.write_text(f"{secret}\ndaemon:x:1:1:{secret}\n")
+    with pytest.raises(ConfigError) as info:
+        read_trace(trace_format, path)
+    message = str(info.value)
+    assert "passwd" in message and "SECRET" not in message and "0123456789" not in message
+    assert len(message) < 300
