@@ -283,8 +283,8 @@ def _loaded(scenario: str | Path | LoadedScenario | Mapping[str, Any], overrides
 
 def _planned_scenario(loaded: LoadedScenario, *, slo: SLO | str | Mapping[str, Any] | None, variant: str | None
                       ) -> tuple[LoadedScenario, dict[str, Any]]:
-    """The scenario the plan searches (the chosen variant merged in, the SLO replaced), validated, and its
-    raw mapping without variants."""
+    """The scenario the plan searches (the chosen variant merged in, the given SLO fields merged over the
+    scenario's), validated, and its raw mapping without variants."""
     raw = {k: v for k, v in loaded.raw.items() if k != "variants"}
     if variant is not None:
         if variant not in loaded.scenario.variants:
@@ -293,7 +293,8 @@ def _planned_scenario(loaded: LoadedScenario, *, slo: SLO | str | Mapping[str, A
         raw = deep_merge(raw, expand_dotted(loaded.scenario.variants[variant]))
     if slo is not None:
         chosen = parse_slo(slo) if isinstance(slo, str) else slo if isinstance(slo, SLO) else SLO.model_validate(slo)
-        raw["slo"] = chosen.model_dump(exclude_none=True)
+        # Only the fields given replace the scenario's: --slo ttft_ms=500 keeps the scenario's TPOT limit.
+        raw["slo"] = {**(raw.get("slo") or {}), **chosen.model_dump(exclude_unset=True, exclude_none=True)}
     if raw.get("slo") is None:
         raise ConfigError("the plan needs an SLO: give --slo or an slo: section", file=loaded.source, field="slo")
     return load_mapping(raw, source=loaded.source), raw  # validates the SLO and the variant
