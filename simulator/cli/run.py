@@ -46,12 +46,13 @@ def format_table(rows: dict[str, dict[str, Any]]) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from simulator.results.run_folder import save_run
+    from simulator.results.run_folder import check_writable, save_run
     from simulator.scenario import load_scenario
     from simulator.simulation import run
 
     loaded = load_scenario(args.scenario, args.set or [], seed=args.seed)
     out = checked_out_dir(Path(args.out), args.overwrite) if args.out else fresh_out_dir(loaded.scenario.name)
+    check_writable(out, overwrite=args.overwrite)  # before the run: a read-only disk costs no simulation
     progress, close = progress_bar(not args.quiet)
     try:
         result = run(loaded, progress=progress)

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from simulator.errors import ConfigError
 from simulator.results import run_folder
 from simulator.results.intervals import summaries_with_ci
 from simulator.results.request_log import RequestLog
@@ -455,3 +456,110 @@ def test_outcomes_partition_arrivals_and_attainment_is_a_share(
     assert 0.0 <= s.goodput_rps <= s.throughput_rps
     frame = log.to_frame()
     assert frame["outcome"].value_counts().sum() == len(frame) == len(events)
+
+
+def test_overwrite_swaps_the_whole_folder_and_keeps_the_users_files(tmp_path: Path) -> None:
+    out = save_run(make_result(), tmp_path / "out")
+    (out / "notes.txt").write_text("mine")
+    (out / "mine").mkdir()
+    (out / "mine" / "deep.txt").write_text("also mine")
+    before = (out / "summary.json").stat().st_ino
+    save_run(make_result(), out, overwrite=True)
+    assert (out / "summary.json").stat().st_ino != before  # a new file, not the old one rewritten
+    assert (out / "notes.txt").read_text() == "mine" and (out / "mine" / "deep.txt").read_text() == "also mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing left beside it
+
+
+def test_a_failed_save_leaves_the_previous_run_and_no_temporaries(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    out = save_run(make_result(), tmp_path / "out")
+    old = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def disk_full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(run_folder, "render_report", disk_full)
+    with pytest.raises(ConfigError, match="No space left on device; nothing was written"):
+        save_run(make_result(), out, overwrite=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_an_unwritable_output_is_refused_before_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import tempfile
+
+    def read_only(*args: Any, **kwargs: Any) -> str:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    with pytest.raises(ConfigError, match="Read-only file system"):
+        run_folder.check_writable(tmp_path / "out")
+
+
+def test_a_killed_save_is_cleaned_up_by_the_next(tmp_path: Path) -> None:
+    """A save killed with SIGKILL leaves its temporary folder (its process is gone); a killed exchange may
+    leave the previous run set aside. The next save beside them removes the one and puts back the other."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    pid = int(dead.stdout)
+    stale = tmp_path / f".out.tmp-{pid}-abc"
+    stale.mkdir()
+    (stale / "requests.parquet").write_bytes(b"half")
+    aside = tmp_path / f".out.old-{pid}-def"
+    aside.mkdir()
+    (aside / "summary.json").write_text("the previous run")
+    assert sorted(p.name for p in run_folder.remove_stale_temporaries(tmp_path / "out")) == sorted(
+        [stale.name, aside.name])
+    assert (tmp_path / "out" / "summary.json").read_text() == "the previous run"  # put back, not lost
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_overwrite_without_an_atomic_exchange_still_keeps_everything(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctypes.util
+
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)  # no renameat2: the two-rename path
+    out = save_run(make_result(), tmp_path / "out")
+    (out / "notes.txt").write_text("mine")
+    save_run(make_result(), out, overwrite=True)
+    assert (out / "notes.txt").read_text() == "mine" and (out / "report.html").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+SLOW_SAVE = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import test_metrics
+from simulator.results import run_folder
+def slow(*args, **kwargs):
+    print("writing", flush=True)
+    time.sleep(60)
+run_folder.render_report = slow
+run_folder.save_run(test_metrics.make_result(), __import__("pathlib").Path(sys.argv[2]), overwrite=True)
+"""
+
+
+def test_kill_9_during_an_overwrite_keeps_the_previous_run(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    out = save_run(make_result(), tmp_path / "out")
+    old = {p.name: p.read_bytes() for p in out.iterdir()}
+    child = subprocess.Popen([sys.executable, "-c", SLOW_SAVE, str(Path(__file__).parent), str(out)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "writing"
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait(timeout=30)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == old  # the previous run, intact
+    assert any(p.name.startswith(".out.tmp-") for p in tmp_path.iterdir())  # what the killed save left
+    save_run(make_result(), out, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the next save cleaned it up
