@@ -359,6 +359,13 @@ def resolve_replica(scenario: Scenario) -> ReplicaSetup:
     config = replace(config, **{k: v for k, v in explicit.items() if v is not None})
     block_size = config.block_size
     num_blocks = kv.num_blocks or profile.kv_capacity_blocks(block_size, kv.memory_fraction)
+    most_blocks = profile.kv_capacity_blocks(block_size, 1.0)
+    if kv.num_blocks is not None and kv.num_blocks > most_blocks:
+        raise ConfigError(
+            f"{kv.num_blocks} blocks of {block_size} tokens exceed what {profile.hardware} memory holds beside "
+            f"{profile.model}'s weights at tp {profile.tp} ({most_blocks} blocks, all of its memory given to KV)",
+            field="engine.kv.num_blocks",
+        )
     if num_blocks < 1:
         raise ConfigError(
             f"{profile.model} on {profile.hardware} (tp {profile.tp}) leaves no memory for KV cache "

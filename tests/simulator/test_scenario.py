@@ -257,3 +257,11 @@ def test_memory_fraction_sizes_the_pool() -> None:
         for fraction in (0.5, 0.9)
     }
     assert 0 < blocks[0.5] < blocks[0.9]
+
+
+def test_kv_blocks_beyond_the_gpus_memory_are_refused() -> None:
+    """kv.num_blocks may shrink the pool, never grow it past what the device holds beside the weights."""
+    with pytest.raises(ConfigError, match=r"exceed what .* memory holds") as info:
+        load_mapping(with_({"engine.kv.num_blocks": 10**12}))
+    assert info.value.field == "engine.kv.num_blocks"
+    assert load_mapping(with_({"engine.kv.num_blocks": 64})).scenario.engine.kv.num_blocks == 64
