@@ -109,9 +109,11 @@ def load_grid(path: str | Path) -> tuple[GridFile, dict[str, Any], Path]:
     """(the grid, the scenario's raw mapping with ``set:`` applied, the scenario path)."""
     path = Path(path)
     try:
-        doc = yaml_text.safe_load(path.read_text())
+        doc = yaml_text.safe_load(path.read_text(encoding="utf-8"))
     except OSError as err:
         raise ConfigError(f"cannot read grid: {err.strerror}", file=path) from None
+    except UnicodeDecodeError:
+        raise ConfigError("not a text file: a grid is YAML text", file=path) from None
     except yaml.YAMLError as err:
         raise ConfigError(f"not valid YAML ({getattr(err, 'problem', None) or err})", file=path) from None
     if not isinstance(doc, dict):
@@ -125,13 +127,38 @@ def load_grid(path: str | Path) -> tuple[GridFile, dict[str, Any], Path]:
             raise ConfigError("a grid axis needs at least one value", file=path, field=f"grid.{key}")
     scenario_path = (path.parent / grid.scenario).resolve()
     try:
-        raw = yaml_text.safe_load(scenario_path.read_text())
+        raw = yaml_text.safe_load(scenario_path.read_text(encoding="utf-8"))
     except OSError as err:
         raise ConfigError(f"cannot read scenario {scenario_path}: {err.strerror}", file=path,
                           field="scenario") from None
+    except (UnicodeDecodeError, yaml.YAMLError):
+        raise ConfigError("not a YAML text file", file=scenario_path) from None
     if not isinstance(raw, dict):
         raise ConfigError("the scenario must be a YAML mapping", file=scenario_path)
-    return grid, deep_merge(raw, expand_dotted(grid.overrides)), scenario_path
+    raw = deep_merge(raw, expand_dotted(grid.overrides))
+    _check_axes(raw, grid.grid, scenario_path, grid_file=path)
+    return grid, raw, scenario_path
+
+
+def _check_axes(raw: dict[str, Any], grid: Mapping[str, Sequence[Any]], scenario_path: Path, *,
+                grid_file: Path) -> None:
+    """An axis none of whose values loads (a key typo, say) is one error now, not a failure in every task
+    after the whole sweep ran. A bad value beside good ones stays that point's error row: one impossible
+    point does not sink a sweep."""
+    from simulator.scenario import load_mapping
+
+    for key, values in grid.items():
+        first_error: ConfigError | None = None
+        for value in values:
+            try:
+                load_mapping(deep_merge(raw, expand_dotted({key: value})), source=scenario_path)
+                break
+            except ConfigError as err:
+                first_error = first_error or err
+        else:
+            assert first_error is not None  # an axis has at least one value
+            raise ConfigError(f"no value of this axis loads; with {values[0]!r}: {first_error.message}",
+                              file=grid_file, field=f"grid.{key}")
 
 
 def build_tasks(raw: Mapping[str, Any], grid: Mapping[str, Sequence[Any]], seeds: Sequence[int], *,

@@ -121,3 +121,19 @@ def test_run_tasks_records_a_raising_task_and_keeps_the_rest() -> None:
     assert run_tasks(_fails_on_one, [0, 1, 2], workers=1, on_error=lambda item, err: -10 * item) == [0, -10, 2]
     with pytest.raises(RuntimeError, match="boom"):
         run_tasks(_fails_on_one, [0, 1, 2], workers=1)
+
+
+def test_a_grid_key_typo_is_one_line_before_any_task_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from simulator.planning import sweep as sweep_module
+
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text((Path(__file__).resolve().parents[2] / "scenarios" / "quickstart.yaml").read_text())
+    grid = tmp_path / "g.yaml"
+    grid.write_text("scenario: s.yaml\nseeds: [0]\ngrid:\n  fleet.replica: [1, 2]\n")
+    ran: list[Any] = []
+    monkeypatch.setattr(sweep_module, "run_task", lambda task: ran.append(task) or [])
+    assert cli.main(["sweep", str(grid), "--out", str(tmp_path / "out"), "--quiet"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "grid.fleet.replica" in err and "did you mean 'replicas'" in err
+    assert ran == [] and not (tmp_path / "out").exists()
