@@ -1,6 +1,8 @@
 """The one error type bad input turns into: it names the file, the field and what was wrong.
 
 The CLI prints ``str(error)`` on one line and exits with status 2; the dashboard shows the same text.
+Whatever a hostile file puts into a key or a value, ``str(error)`` is one line (control characters
+escaped) of at most ``MAX_CHARS`` characters.
 """
 
 from __future__ import annotations
@@ -19,4 +21,15 @@ class ConfigError(Exception):
 
     def __str__(self) -> str:
         parts = [p for p in (self.file, self.field) if p]
-        return ": ".join([*parts, self.message])
+        return one_line(": ".join([*parts, self.message]))
+
+
+MAX_CHARS = 1500
+"""Longest error text: room for a list of every shipped profile, never a whole file."""
+
+
+def one_line(text: str, limit: int = MAX_CHARS) -> str:
+    """``text`` with control characters escaped (a newline becomes ``\\n``), cut to ``limit`` characters."""
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
