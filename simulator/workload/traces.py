@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -96,13 +97,17 @@ def load_trace(trace_format: TraceFormat | str, path: str | Path, *, max_rows: i
     file = resolve_trace_path(path)
     if not file.is_file():
         raise ConfigError("trace file not found", file=file)
-    match TraceFormat(trace_format):
-        case TraceFormat.AZURE:
-            return _read_azure(file, max_rows)
-        case TraceFormat.MOONCAKE:
-            return _read_mooncake(file, max_rows)
-        case TraceFormat.VIDUR:
-            return _read_vidur(file, max_rows)
+    try:
+        match TraceFormat(trace_format):
+            case TraceFormat.AZURE:
+                return _read_azure(file, max_rows)
+            case TraceFormat.MOONCAKE:
+                return _read_mooncake(file, max_rows)
+            case TraceFormat.VIDUR:
+                return _read_vidur(file, max_rows)
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"not UTF-8 text (byte {err.start} of a read block): a trace is a text file",
+                          file=file) from None
 
 
 def read_trace(trace_format: TraceFormat | str, path: str | Path, *, max_rows: int | None = None) -> pd.DataFrame:
@@ -123,11 +128,24 @@ def read_trace(trace_format: TraceFormat | str, path: str | Path, *, max_rows: i
 # --- CSV formats -------------------------------------------------------------------------------------
 
 
+def _checked(reader: Any, file: Path) -> Iterator[list[str]]:
+    """The reader's rows; a row the csv module cannot split (a field past its size limit, a NUL) is one
+    ``ConfigError`` naming the line."""
+    while True:
+        try:
+            values: list[str] = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as err:
+            raise ConfigError(f"line {reader.line_num}: not a CSV row ({err})", file=file) from None
+        yield values
+
+
 def _csv_rows(file: Path, columns: Sequence[str], max_rows: int | None) -> Iterator[tuple[int, list[str]]]:
     """Yield (line number, values of ``columns``) per data row; the header must name every column."""
     with file.open(newline="", encoding="utf-8") as handle:
         reader = csv.reader(handle)
-        header = next(reader, None)
+        header = next(_checked(reader, file), None)
         if header is None:
             raise ConfigError("empty file: expected a header row", file=file)
         names = [name.strip() for name in header]
@@ -136,7 +154,7 @@ def _csv_rows(file: Path, columns: Sequence[str], max_rows: int | None) -> Itera
             raise ConfigError(f"line 1: header lacks column(s) {missing} (it has {len(names)} columns)", file=file)
         positions = [names.index(c) for c in columns]
         count = 0
-        for values in reader:
+        for values in _checked(reader, file):
             if not values or all(not v.strip() for v in values):
                 continue  # blank line: nothing to parse
             if max_rows is not None and count >= max_rows:
@@ -147,6 +165,11 @@ def _csv_rows(file: Path, columns: Sequence[str], max_rows: int | None) -> Itera
                 )
             yield reader.line_num, [values[p] for p in positions]
             count += 1
+
+
+MAX_TOKENS = 1 << 24
+"""Most tokens one request of a trace may have (16.8 M, past every model's context): a length beyond it
+is a broken row, and would only make the simulator allocate for it."""
 
 
 def _parse_tokens(text: str, *, file: Path, line: int, column: str) -> int:
@@ -161,6 +184,9 @@ def _parse_tokens(text: str, *, file: Path, line: int, column: str) -> int:
             file=file,
             field=column,
         )
+    if value > MAX_TOKENS:
+        raise ConfigError(f"line {line}: {value:.0f} tokens is more than any model's context "
+                          f"(at most {MAX_TOKENS:,} per request)", file=file, field=column)
     return int(value)
 
 
@@ -239,8 +265,10 @@ def _json_hash_ids(row: dict[str, object], *, file: Path, line: int, input_lengt
     """A row's block ids; absent ids mean no prefix information (the request shares nothing)."""
     value = row.get("hash_ids", [])
     # map(type, ...) runs in C: a per-element Python check costs more than json.loads itself.
-    if not isinstance(value, list) or (value and (set(map(type, value)) != {int} or min(value) < 0)):
-        raise ConfigError(f"line {line}: expected a list of non-negative integers", file=file, field="hash_ids")
+    if not isinstance(value, list) or (value and (set(map(type, value)) != {int} or min(value) < 0
+                                                  or max(value) >= 1 << 63)):
+        raise ConfigError(f"line {line}: expected a list of non-negative integers below 2**63", file=file,
+                          field="hash_ids")
     if value and len(value) < input_length // MOONCAKE_BLOCK_TOKENS:
         # Every full 512-token block needs an id; the format has ceil(input_length / 512) of them.
         raise ConfigError(
@@ -267,6 +295,8 @@ def _read_mooncake(file: Path, max_rows: int | None) -> TraceRows:
                 row = json.loads(text)
             except json.JSONDecodeError as error:
                 raise ConfigError(f"line {line}, column {error.colno}: invalid JSON: {error.msg}", file=file) from None
+            except RecursionError:
+                raise ConfigError(f"line {line}: JSON nested too deeply", file=file) from None
             if not isinstance(row, dict):
                 raise ConfigError(f"line {line}: expected a JSON object", file=file)
             stamp_ms = _json_field(row, "timestamp", file=file, line=line)
