@@ -265,3 +265,19 @@ def test_kv_blocks_beyond_the_gpus_memory_are_refused() -> None:
         load_mapping(with_({"engine.kv.num_blocks": 10**12}))
     assert info.value.field == "engine.kv.num_blocks"
     assert load_mapping(with_({"engine.kv.num_blocks": 64})).scenario.engine.kv.num_blocks == 64
+
+
+def test_a_run_that_cannot_fit_in_memory_is_refused_with_the_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
+    from simulator import scenario as scenario_module
+
+    monkeypatch.setattr(scenario_module, "available_memory_bytes", lambda: 8 * 2**30)
+    with pytest.raises(ConfigError, match=r"would need about 20\.7 GiB .* has 8\.0 GiB available") as info:
+        load_mapping(with_({"workload.num_requests": 10_000_000}))
+    assert info.value.field == "workload.num_requests"
+    assert load_mapping(with_({"workload.num_requests": 1_000_000})).scenario.workload.num_requests == 1_000_000
+    # A duration-limited stream is estimated from its peak rate.
+    duration = with_({"workload.duration_s": 10**6, "workload.arrival": {"process": "poisson", "rate_rps": 100}})
+    del duration["workload"]["num_requests"]
+    with pytest.raises(ConfigError, match="would need about") as info:
+        load_mapping(duration)
+    assert info.value.field == "workload.duration_s"
