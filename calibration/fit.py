@@ -382,8 +382,8 @@ def figure_measured_vs_predicted(
     return fig
 
 
-def save_figure(fig: go.Figure, path: str | Path, *, include_plotlyjs: bool | str = "cdn") -> Path:
-    """Write the figure as a standalone HTML page."""
+def save_figure(fig: go.Figure, path: str | Path, *, include_plotlyjs: bool | str = True) -> Path:
+    """Write the figure as a standalone HTML page, plotly.js inside it: it opens offline, as report.html does."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.write_html(path, include_plotlyjs=include_plotlyjs)

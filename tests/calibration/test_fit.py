@@ -159,7 +159,9 @@ def test_figure(result, grid: pd.DataFrame, tmp_path: Path) -> None:
     names = {trace.name for trace in fig.data}
     assert {"decode", "prefill", "mixed", "y = x"} <= names
     path = save_figure(fig, tmp_path / "fit.html")
-    assert "<html>" in path.read_text()
+    text = path.read_text()
+    assert "<html>" in text
+    assert 'src="https://cdn.plot.ly' not in text and len(text) > 1_000_000  # offline: plotly.js inlined
 
 
 def test_multi_token_term_recovered_and_off_by_default(grid: pd.DataFrame) -> None:
