@@ -10,6 +10,7 @@ import sys
 def cmd_profiles(args: argparse.Namespace) -> int:
     from simulator.cost.profile import list_profiles, load_profile
 
+    print(f"{'profile':40s} {'kind':9s} {'device':28s} fit")
     for name in list_profiles():
         profile = load_profile(name)
         mape = f"held-out MAPE {profile.fit_error.mape:.1%}" if profile.fit_error else "no fit error (analytic)"

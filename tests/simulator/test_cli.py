@@ -225,7 +225,8 @@ def test_default_output_folder_never_reuses_an_existing_one(tmp_path: Path, caps
 def test_profiles_lists_every_shipped_profile(capsys: pytest.CaptureFixture[str]) -> None:
     code, stdout, stderr = fleetsim(capsys, "profiles")
     assert code == 0, stderr
-    lines = stdout.strip().splitlines()
+    header, *lines = stdout.strip().splitlines()
+    assert header.split()[:2] == ["profile", "kind"] and header.split()[-1] == "fit"
     assert [line.split()[0] for line in lines] == list_profiles()
     for line in lines:
         assert line.split()[1] in ("measured", "analytic")
