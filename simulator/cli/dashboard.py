@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -42,10 +43,42 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         raise ConfigError(f"dashboard not found at {app_path()} (it ships with the source checkout)")
     if importlib.util.find_spec("streamlit") is None:
         raise ConfigError("the dashboard needs Streamlit: pip install 'fleetsim[dashboard]'")
+    return run_until_stopped(command(args.port, headless=args.headless, host=args.host))
+
+
+def run_until_stopped(cmd: list[str]) -> int:
+    """Run ``cmd`` (Streamlit) as our child; SIGTERM or SIGHUP to us stops it too, and Ctrl-C (which the
+    terminal sends to both) is the user quitting: exit 0 either way, never an orphaned server."""
+    stopped: list[int] = []
+    children: list[subprocess.Popen[bytes]] = []
+
+    def stop(signum: int, frame: object) -> None:
+        stopped.append(signum)
+        for started in children:
+            started.terminate()
+
+    # Handlers first: a signal that arrives while the child starts still reaches it.
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return subprocess.call(command(args.port, headless=args.headless, host=args.host))
-    except KeyboardInterrupt:  # Ctrl-C stops Streamlit too; that is how the user quits
-        return 0
+        child = subprocess.Popen(cmd)
+        children.append(child)
+        if stopped:
+            child.terminate()
+        try:
+            code = child.wait()
+            return 0 if stopped else code
+        except KeyboardInterrupt:
+            child.terminate()
+            return 0
+        finally:
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

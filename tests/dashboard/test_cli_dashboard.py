@@ -30,7 +30,7 @@ def test_subcommand_runs_streamlit_on_the_port(monkeypatch: pytest.MonkeyPatch) 
         calls.append(cmd)
         return 0
 
-    monkeypatch.setattr(subprocess, "call", call)
+    monkeypatch.setattr(cli_dashboard, "run_until_stopped", call)
     args = parser().parse_args(["dashboard", "--port", "8600", "--headless"])
     assert args.func(args) == 0
     (cmd,) = calls
@@ -44,7 +44,7 @@ def test_subcommand_runs_streamlit_on_the_port(monkeypatch: pytest.MonkeyPatch) 
 
 def test_dashboard_listens_on_loopback_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[list[str]] = []
-    monkeypatch.setattr(subprocess, "call", lambda cmd: calls.append(cmd) or 0)
+    monkeypatch.setattr(cli_dashboard, "run_until_stopped", lambda cmd: calls.append(cmd) or 0)
     for argv, host in ((["dashboard"], "127.0.0.1"), (["dashboard", "--host", "0.0.0.0"], "0.0.0.0")):
         args = parser().parse_args(argv)
         assert args.func(args) == 0
@@ -60,3 +60,40 @@ def test_simulator_never_imports_the_dashboard() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+STOPPABLE = """
+import sys, time
+from pathlib import Path
+from simulator.cli import dashboard
+pid_file = Path(sys.argv[1])
+write_pid = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+sleeper = [sys.executable, "-c", write_pid]
+sys.exit(dashboard.run_until_stopped(sleeper))
+"""
+
+
+def test_sigterm_to_the_dashboard_command_stops_streamlit_too(tmp_path: Path) -> None:
+    """``kill <fleetsim dashboard>`` must not leave the server it started running."""
+    import os
+    import signal
+    import time
+
+    pid_file = tmp_path / "server.pid"
+    parent = subprocess.Popen([sys.executable, "-c", STOPPABLE, str(pid_file)])
+    try:
+        deadline = time.monotonic() + 30
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        server = int(pid_file.read_text())
+        parent.send_signal(signal.SIGTERM)
+        assert parent.wait(timeout=30) == 0  # stopped as asked: not an error
+    finally:
+        parent.kill()
+    time.sleep(0.2)
+    try:
+        os.kill(server, 0)
+        alive = True
+    except ProcessLookupError:
+        alive = False
+    assert not alive, "the server outlived the dashboard command"
