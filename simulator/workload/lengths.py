@@ -12,14 +12,14 @@ from pydantic import Field, model_validator
 
 from simulator.workload.random_streams import Stream, rng
 from simulator.workload.section import Section
-from simulator.workload.traces import TraceFormat, TraceRows, load_trace, resolve_trace_path
+from simulator.workload.traces import MAX_TOKENS, TraceFormat, TraceRows, load_trace, resolve_trace_path
 
 
 class FixedLength(Section):
     """Every sample has the same value."""
 
     dist: Literal["fixed"] = "fixed"
-    value: int = Field(ge=1)
+    value: int = Field(ge=1, le=MAX_TOKENS)
     """The value (tokens, or turns for a session length)."""
 
     def sample(self, rng: np.random.Generator, size: int, base_dir: Path | None) -> np.ndarray:
@@ -30,9 +30,9 @@ class UniformLength(Section):
     """Integers drawn uniformly from [low, high], both ends included."""
 
     dist: Literal["uniform"] = "uniform"
-    low: int = Field(ge=1)
+    low: int = Field(ge=1, le=MAX_TOKENS)
     """Smallest value (tokens or turns)."""
-    high: int = Field(ge=1)
+    high: int = Field(ge=1, le=MAX_TOKENS)
     """Largest value (tokens or turns), >= low."""
 
     @model_validator(mode="after")
@@ -49,13 +49,13 @@ class LognormalLength(Section):
     """Log-normal lengths, rounded and clamped: the usual fit to chat prompt and answer lengths."""
 
     dist: Literal["lognormal"] = "lognormal"
-    median: float = Field(gt=0)
+    median: float = Field(gt=0, le=MAX_TOKENS)
     """Median value (tokens or turns): exp(mu) of the underlying normal."""
     sigma: float = Field(ge=0)
     """Standard deviation of log(value); larger means a longer tail, 0 makes every value the median."""
     min: int = Field(default=1, ge=1)
     """Smallest value after rounding; 1 because a request needs at least one token."""
-    max: int | None = Field(default=None, ge=1)
+    max: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     """Largest value; None leaves the tail unbounded (set it to the model's context length)."""
 
     @model_validator(mode="after")
@@ -66,7 +66,8 @@ class LognormalLength(Section):
 
     def sample(self, rng: np.random.Generator, size: int, base_dir: Path | None) -> np.ndarray:
         values = np.rint(np.exp(rng.normal(np.log(self.median), self.sigma, size)))
-        upper = float(self.max) if self.max is not None else 2.0**53  # clip in float: no int64 overflow
+        # Clipped in float (no int64 overflow); an unbounded tail still stops at what a request can hold.
+        upper = float(self.max) if self.max is not None else float(MAX_TOKENS)
         return np.clip(values, self.min, upper).astype(np.int64)
 
 

@@ -168,8 +168,9 @@ def _csv_rows(file: Path, columns: Sequence[str], max_rows: int | None) -> Itera
 
 
 MAX_TOKENS = 1 << 24
-"""Most tokens one request of a trace may have (16.8 M, past every model's context): a length beyond it
-is a broken row, and would only make the simulator allocate for it."""
+"""Most tokens one prompt or answer may have, in a trace row or drawn from a length distribution (16.8 M,
+past every model's context): a length beyond it is a broken input, and would only make the simulator
+allocate for it."""
 
 
 def _parse_tokens(text: str, *, file: Path, line: int, column: str) -> int:

@@ -370,3 +370,23 @@ def test_bad_generate_arguments() -> None:
         generate(config(), seed=0, block_size=24)
     with pytest.raises(ValueError, match="seed"):
         generate(config(), seed=-1, block_size=16)
+
+
+@pytest.mark.parametrize("lengths", [
+    {"dist": "lognormal", "median": 9e7, "sigma": 0.5},
+    {"dist": "fixed", "value": 10**12},
+    {"dist": "uniform", "low": 1, "high": 10**10},
+    {"dist": "lognormal", "median": 100, "sigma": 1, "max": 10**9},
+])
+def test_lengths_past_any_context_are_refused(lengths: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError, match="less than or equal to 16777216"):
+        config(prompt_tokens=lengths)
+
+
+def test_an_unbounded_lognormal_tail_stops_at_what_a_request_can_hold() -> None:
+    from simulator.workload.lengths import LognormalLength
+    from simulator.workload.traces import MAX_TOKENS
+
+    wide = LognormalLength(median=1e6, sigma=8.0)
+    values = wide.sample(np.random.default_rng(0), 10_000, None)
+    assert values.max() == MAX_TOKENS and values.min() >= 1
