@@ -19,8 +19,9 @@ from simulator.errors import ConfigError
 from simulator.scenario import pick_profile
 from simulator.workload.traces import TRACES_TOKEN, TraceFormat
 
-DEFAULT_MAX_REQUESTS = 1500
-"""Requests a dashboard run simulates unless the user asks for more: a run then takes a few seconds."""
+DEFAULT_MAX_REQUESTS = 2000
+"""Requests a dashboard run simulates unless the user asks for more: a run then takes a few seconds. As
+large as every shipped scenario, so the dashboard opens each on the same requests ``fleetsim run`` uses."""
 
 LoadSource = Literal["synthetic", "trace"]
 

@@ -42,6 +42,8 @@ def test_every_shipped_scenario_round_trips_through_the_controls(name: str) -> N
     base = scenario_base.base_for(name)
     controls = what_if.controls_from_raw(base.raw)
     assert controls.num_requests <= what_if.DEFAULT_MAX_REQUESTS
+    # One default per scenario everywhere: the dashboard opens it on the requests fleetsim run simulates.
+    assert controls.num_requests == base.raw["workload"]["num_requests"]
     raw = what_if.apply_controls(base.raw, controls)
     assert "variants" not in raw
     loaded = runs.validate(raw, base.source)
