@@ -96,29 +96,31 @@ def register(subparsers: Any) -> None:
     p.add_argument("--pass-aggregate", choices=("min", "mean"), default="mean",
                    help="combine each grid point's passes: mean (the engine runs at the average speed, not the "
                         "best) or min (least disturbed pass, for a host shared with other jobs)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the grid's order, token ids and held-out folds")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_calibrate)
 
     p = subparsers.add_parser("validate", help="replay a workload on the real engine and in the simulator")
     p.add_argument("--profile", required=True, help="measured profile (path or shipped name)")
     p.add_argument("--model", default=None, help="engine model (default: the profile's)")
-    p.add_argument("--num-requests", type=int, default=200)
+    p.add_argument("--num-requests", type=int, default=200, help="requests replayed from the trace (200)")
     p.add_argument("--rate", type=float, default=None,
                    help="arrival rate, requests/s (default: a moderate load by the profile)")
     p.add_argument("--trace", default="${traces}/azure_llm_2023_conv.csv", help="azure-format trace")
     p.add_argument("--prompt-scale", type=float, default=0.25, help="multiply trace prompt lengths by this")
     p.add_argument("--output-scale", type=float, default=0.25, help="multiply trace output lengths by this")
-    p.add_argument("--max-prompt-tokens", type=int, default=1024)
-    p.add_argument("--max-output-tokens", type=int, default=128)
-    p.add_argument("--max-num-seqs", type=int, default=32)
-    p.add_argument("--max-num-batched-tokens", type=int, default=512)
-    p.add_argument("--mode", choices=("realtime", "lockstep", "both"), default="both")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-prompt-tokens", type=int, default=1024, help="truncate scaled prompts to this (1024)")
+    p.add_argument("--max-output-tokens", type=int, default=128, help="truncate scaled outputs to this (128)")
+    p.add_argument("--max-num-seqs", type=int, default=32, help="scheduler: most running sequences (32)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="scheduler: token budget per step (512)")
+    p.add_argument("--mode", choices=("realtime", "lockstep", "both"), default="both",
+                   help="realtime: arrivals on the wall clock (latency fidelity); lockstep: the same step plans "
+                        "on both sides (scheduling parity and per-step cost error); both (default)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steady on a shared host)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the replayed workload")
     p.add_argument("--repeat", action="store_true",
                    help="replay the real-time run twice: the engine against itself is the host's noise floor")
     p.add_argument("--out", default="runs/validate", help="folder for fidelity.json and the CDF plot")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_validate)

@@ -280,12 +280,40 @@ def validate(options: ValidationOptions, *, out_dir: str | Path, progress: bool 
     return ValidationReport(fidelity=fidelity, out_dir=setup.out, files=files)
 
 
+GPU_TARGET = 0.05
+"""Simulated vs real p50 and p99 TTFT, TPOT and E2E within 5 % on a GPU (DESIGN §8)."""
+CPU_TARGET = 0.10
+"""... and within 10 % on a CPU, whose timings drift more from one minute to the next."""
+
+
+def verdict(fidelity: dict[str, Any]) -> str:
+    """One line: whether the real-time replay meets the fidelity target, and if not, which figures miss it
+    and whether the engine's own noise floor (``--repeat``) misses it there too."""
+    target = fidelity.get("fidelity_target", CPU_TARGET)
+    if "realtime" not in fidelity:
+        return "verdict: no real-time replay (lockstep only): latency fidelity not judged"
+    misses = [f"{m} {q} {fidelity[m][f'{q}_err']:+.1%}" for m in METRICS for q in ("p50", "p99")
+              if abs(fidelity[m][f"{q}_err"]) > target]
+    if not misses:
+        return f"verdict: PASS: p50 and p99 TTFT, TPOT and E2E within {target:.0%} of the engine"
+    text = f"verdict: FAIL: outside {target:.0%}: {', '.join(misses)}"
+    floor = fidelity.get("repeat", {}).get("engine_vs_engine")
+    if floor is not None:
+        noisy = [f"{m} {q}" for m in METRICS for q in ("p50", "p99") if abs(floor[m][f"{q}_err"]) > target]
+        if noisy:
+            text += f" (the engine against itself also misses it at {', '.join(noisy)}: host noise)"
+    else:
+        text += " (run with --repeat to see the host's own noise floor)"
+    return text
+
+
 def _workload_summary(setup: ValidationSetup) -> dict[str, Any]:
     """The head of fidelity.json: the profile, the workload replayed and the scheduler limits."""
     profile, workload, config = setup.profile, setup.workload, setup.config
     return {
         "profile": profile.name,
         "profile_mape": profile.fit_error.mape if profile.fit_error else None,
+        "fidelity_target": CPU_TARGET if profile.hardware.upper() == "CPU" else GPU_TARGET,
         "num_requests": len(setup.specs),
         "rate_rps": setup.rate_rps,
         "mean_prompt_tokens": float(workload.prompt_tokens.mean()),
@@ -495,6 +523,7 @@ def print_report(report: ValidationReport) -> None:
         _print_errors(rep["engine_vs_engine"])
         print("the simulator against that second run:")
         _print_errors(rep["sim_vs_engine"])
+    print(verdict(f))
     for path in report.files:
         print(f"wrote {path}")
 
