@@ -181,12 +181,14 @@ class PlanResult:
 
 
 def ci_text(ci: MetricCI, fmt: str, *, share: bool = False) -> str:
-    """``mean [low, high]``; a share (attainment) has its t-interval clipped to [0, 1] for display."""
+    """``mean [low, high]``, the t-interval clipped for display to the values the figure can take: every
+    summary figure is >= 0 (a latency, a rate, a cost), and a share (attainment) is also <= 1. With two
+    seeds the t-interval is wide (t = 12.7) and its lower end would otherwise read as a negative latency."""
     if not math.isfinite(ci.mean):
         return "-"
     if not (math.isfinite(ci.low) and math.isfinite(ci.high)):
         return format(ci.mean, fmt)
-    low, high = (max(ci.low, 0.0), min(ci.high, 1.0)) if share else (ci.low, ci.high)
+    low, high = max(ci.low, 0.0), (min(ci.high, 1.0) if share else ci.high)
     return f"{ci.mean:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
 
 

@@ -225,3 +225,11 @@ def test_a_given_slo_merges_with_the_scenarios() -> None:
     loaded, _ = _planned_scenario(_loaded(SMALL, ()), slo="target=0.5", variant=None)
     assert loaded.scenario.slo is not None and loaded.scenario.slo.ttft_ms == 300
     assert loaded.scenario.slo.target_attainment == 0.5
+
+
+def test_a_printed_interval_is_never_negative() -> None:
+    from simulator.planning.plan_result import ci_text
+
+    assert ci_text(MetricCI(mean=82.2, low=-6.5, high=170.8, num_samples=2), ".1f") == "82.2 [0.0, 170.8]"
+    assert ci_text(MetricCI(mean=0.95, low=0.8, high=1.1, num_samples=2), ".2f", share=True) == "0.95 [0.80, 1.00]"
+    assert ci_text(MetricCI(mean=5.0, low=4.0, high=6.0, num_samples=3), ".0f") == "5 [4, 6]"
