@@ -8,8 +8,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from simulator.errors import ConfigError
-
 
 def fresh_out_dir(name: str) -> Path:
     """runs/NAME, or runs/NAME-2, -3, ... so an earlier run is never touched."""
@@ -22,11 +20,11 @@ def fresh_out_dir(name: str) -> Path:
 
 
 def checked_out_dir(out: Path, overwrite: bool) -> Path:
-    """An --out the user named: refused when it holds files, unless --overwrite (never silently)."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"output {out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"output folder {out} exists and is not empty (choose another --out or pass --overwrite)")
+    """An --out the user named: refused when it holds files, unless --overwrite (never silently), or when
+    it cannot be written; the same rule a run folder's save applies (``run_folder.check_writable``)."""
+    from simulator.results.run_folder import check_writable
+
+    check_writable(out, overwrite=overwrite)
     return out
 
 

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from simulator.cli.output import checked_out_dir, fresh_out_dir, progress_bar
+from simulator.cli.output import fresh_out_dir, progress_bar
 
 SUMMARY_COLUMNS = (
     ("requests_completed", "done", "{:.0f}"),
@@ -51,7 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from simulator.simulation import run
 
     loaded = load_scenario(args.scenario, args.set or [], seed=args.seed)
-    out = checked_out_dir(Path(args.out), args.overwrite) if args.out else fresh_out_dir(loaded.scenario.name)
+    out = Path(args.out) if args.out else fresh_out_dir(loaded.scenario.name)
     check_writable(out, overwrite=args.overwrite)  # before the run: a read-only disk costs no simulation
     progress, close = progress_bar(not args.quiet)
     try:
