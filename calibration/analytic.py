@@ -17,6 +17,9 @@ from pathlib import Path
 
 from calibration import scale
 from calibration.engine.configs import ModelShape, get_model
+from simulator.cost import dtypes
+from simulator.cost.dtypes import KvDtype, WeightDtype
+from simulator.cost.kv_pool import KvPool, KvPoolError, RankMemoryShape, VllmSettings, kv_pool, serve_defaults
 from simulator.cost.profile import (
     Accelerator,
     CommModel,
@@ -28,21 +31,17 @@ from simulator.cost.profile import (
     Provenance,
     get_accelerator,
     load_hardware,
+    load_profile,
     profiles_dir,
 )
 from simulator.errors import ConfigError
 
 DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float16": 2}
-"""Dtypes an analytic profile can price: hardware.yaml holds BF16/FP16 tensor rates only."""
+"""Bytes of the 16-bit dtypes activations and all-reduces run in (``dtype_bytes``). Weights and the KV
+cache are priced by ``simulator.cost.dtypes``, which also knows fp8 and int4 weights and fp8 KV."""
 
 MEMORY_FRACTION = 0.9
 """Share of device memory the engine may use: vLLM's gpu_memory_utilization default."""
-
-RUNTIME_RESERVE_BYTES = 1 << 30
-"""CUDA context, cuBLAS workspace and CUDA-graph pool per GPU (assumption, ~1 GiB)."""
-
-ACTIVATION_TOKENS = 8192
-"""Tokens of the largest forward the activation reserve must hold (vLLM v1's max_num_batched_tokens)."""
 
 ALLREDUCE_ALPHA_S = 8e-6
 """Latency of one small all-reduce (research §5: 5–10 µs per call; assumption until a NCCL sweep)."""
@@ -91,6 +90,7 @@ class Efficiencies:
 
 
 def dtype_bytes(dtype: str) -> int:
+    """Bytes of a 16-bit activation dtype ('bfloat16' or 'float16')."""
     try:
         return DTYPE_BYTES[dtype]
     except KeyError:
@@ -98,50 +98,112 @@ def dtype_bytes(dtype: str) -> int:
         raise ConfigError(f"no analytic pricing for dtype {dtype!r}; known: {known}", field="dtype") from None
 
 
-def activation_reserve_bytes(shape: ModelShape, nbytes: int) -> int:
-    """Runtime reserve plus the widest activations of an ACTIVATION_TOKENS forward on one rank."""
-    per_token = (4 * shape.hidden_size + 3 * shape.intermediate_size) * nbytes
-    return RUNTIME_RESERVE_BYTES + ACTIVATION_TOKENS * per_token
+def linear_params(shape: ModelShape) -> int:
+    """Parameters of the decoder's linear layers on one rank: the part a weight dtype quantizes."""
+    return shape.num_layers * (shape.params_per_layer - 2 * shape.hidden_size)
 
 
-def memory_figures(hw: Accelerator, shape: ModelShape, nbytes: int, *, where: str) -> MemoryFigures:
-    """KV capacity = (HBM × 0.9 − weights − activations) / KV bytes per token; a model that leaves no room
-    for one KV block is a ConfigError."""
-    weights = shape.num_params * nbytes
-    activations = activation_reserve_bytes(shape, nbytes)
-    usable = int(hw.hbm_bytes * MEMORY_FRACTION)
-    kv_per_token = shape.kv_bytes_per_token(nbytes)
-    free = usable - weights - activations
-    if free < 16 * kv_per_token:
-        raise ConfigError(
-            f"{shape.name} at tp={shape.tp} does not fit: {weights / 1e9:.1f} GB of weights + "
-            f"{activations / 1e9:.1f} GB of activations per GPU exceed {usable / 1e9:.1f} GB usable "
-            f"({hw.hbm_bytes / 1e9:.0f} GB x {MEMORY_FRACTION}) on {hw.full_name}",
-            field=where,
-        )
-    return MemoryFigures(
-        kv_bytes_per_token=kv_per_token,
-        kv_capacity_tokens=free // kv_per_token,
-        weight_bytes=weights,
-        device_memory_bytes=int(hw.hbm_bytes),
-        memory_fraction=MEMORY_FRACTION,
-        activation_bytes=activations,
+def weight_bytes(shape: ModelShape, dtype: WeightDtype = WeightDtype.BFLOAT16) -> int:
+    """Parameter bytes resident on one rank: linear layers at ``dtype``, embedding, LM head and norms at 16 bits."""
+    linear = linear_params(shape)
+    return dtypes.weight_bytes(linear, shape.num_params - linear, dtype)
+
+
+def engine_settings(hw: Accelerator) -> VllmSettings:
+    """The vLLM settings an analytic profile assumes: ``vllm serve``'s defaults on this GPU."""
+    return serve_defaults(hw.device_memory_bytes, hw.full_name, MEMORY_FRACTION)
+
+
+def rank_memory_shape(shape: ModelShape, dtype: WeightDtype, kv_dtype: KvDtype) -> RankMemoryShape:
+    """One rank of ``shape`` as the plain numbers vLLM's start-up accounting reads."""
+    return RankMemoryShape(
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        vocab_size=shape.vocab_size * shape.tp,  # the sampler sees the gathered (full) vocabulary
+        head_dim=shape.head_dim,
+        max_position=shape.max_position,
+        tp=shape.tp,
+        weight_bytes=weight_bytes(shape, dtype),
+        kv_bytes_per_token=shape.kv_bytes_per_token(dtypes.kv_bytes_per_element(kv_dtype)),
+        activation_bytes=dtypes.ACTIVATION_BYTES,
     )
 
 
-def device_coefficients(hw: Accelerator, shape: ModelShape, nbytes: int, eff: Efficiencies) -> DeviceCoefficients:
-    """Roofline coefficients of one rank: bytes / achieved bandwidth and FLOPs / achieved rate."""
+def _kv_pool(hw: Accelerator, shape: ModelShape, dtype: WeightDtype, kv_dtype: KvDtype, where: str) -> KvPool:
+    try:
+        return kv_pool(rank_memory_shape(shape, dtype, kv_dtype), hw.device_memory_bytes, engine_settings(hw))
+    except KvPoolError as err:
+        pool = err.pool
+        gib = 1 << 30
+        raise ConfigError(
+            f"{shape.name} at tp={shape.tp} does not fit: {pool.weight_bytes / gib:.1f} GiB of {dtype} weights + "
+            f"{pool.activation_bytes / gib:.1f} GiB of activations + {pool.non_torch_bytes / gib:.1f} GiB "
+            f"non-torch per GPU leave {pool.kv_bytes / gib:.1f} GiB of the {pool.requested_bytes / gib:.1f} GiB "
+            f"usable ({hw.device_memory_mib} MiB x {MEMORY_FRACTION}) on {hw.full_name}, less than one KV block",
+            field=where,
+        ) from None
+
+
+def activation_reserve_bytes(
+    hw: Accelerator, shape: ModelShape, dtype: WeightDtype = WeightDtype.BFLOAT16, kv_dtype: KvDtype | None = None
+) -> int:
+    """What vLLM keeps from the KV pool besides weights on one rank: the activation peak of its profiling
+    run at ``vllm serve``'s defaults, non-torch memory and any CUDA-graph reserve (``simulator.cost.kv_pool``)."""
+    pool = _kv_pool(hw, shape, dtype, kv_dtype or dtypes.default_kv_dtype(dtype), where="model")
+    return pool.activation_bytes + pool.non_torch_bytes + pool.cuda_graph_bytes
+
+
+def memory_figures(
+    hw: Accelerator,
+    shape: ModelShape,
+    dtype: WeightDtype = WeightDtype.BFLOAT16,
+    kv_dtype: KvDtype | None = None,
+    *,
+    where: str,
+) -> MemoryFigures:
+    """KV capacity by vLLM v1's rule from the memory the device reports; a model that leaves no room for
+    one KV block is a ConfigError naming the model, tp and the numbers."""
+    kv_dtype = kv_dtype or dtypes.default_kv_dtype(dtype)
+    pool = _kv_pool(hw, shape, dtype, kv_dtype, where)
+    return MemoryFigures(
+        kv_bytes_per_token=shape.kv_bytes_per_token(dtypes.kv_bytes_per_element(kv_dtype)),
+        kv_capacity_tokens=pool.num_tokens,
+        weight_bytes=pool.weight_bytes,
+        device_memory_bytes=pool.device_memory_bytes,
+        memory_fraction=MEMORY_FRACTION,
+        activation_bytes=pool.activation_bytes,
+        non_torch_bytes=pool.non_torch_bytes,
+        cuda_graph_bytes=pool.cuda_graph_bytes,
+    )
+
+
+def device_coefficients(
+    hw: Accelerator,
+    shape: ModelShape,
+    nbytes: int,
+    eff: Efficiencies,
+    dtype: WeightDtype = WeightDtype.BFLOAT16,
+    kv_dtype: KvDtype | None = None,
+) -> DeviceCoefficients:
+    """Roofline coefficients of one rank: bytes / achieved bandwidth and FLOPs / achieved rate. ``nbytes``
+    is the activation dtype's size; the linear layers' weights are read and multiplied at ``dtype`` (bytes
+    and GEMM rate), the LM head and norms at 16 bits, the KV cache at ``kv_dtype``."""
+    kv_dtype = kv_dtype or dtypes.default_kv_dtype(dtype)
     bandwidth = hw.memory_bandwidth_Bps * eff.bandwidth
     flop_rate = hw.dense_bf16_flops * eff.flops
     params_read = shape.num_params_read_per_step
+    linear = linear_params(shape)
+    bytes_read = dtypes.weight_bytes(linear, params_read - linear, dtype)
     # Logits of each sequence are written in fp32 and read back by the sampler.
     logits_bytes = 2 * 4 * shape.vocab_size
     return DeviceCoefficients(
         a0_s=shape.num_layers * eff.kernel_floor_s_per_layer,
-        weight_s=params_read * nbytes / bandwidth,
-        per_token_s=2.0 * params_read / flop_rate,
+        weight_s=bytes_read / bandwidth,
+        per_token_s=2.0 * (linear / dtypes.gemm_rate_ratio(hw, dtype) + (params_read - linear)) / flop_rate,
         knee_p=KNEE_P,
-        per_ctx_token_s=shape.kv_bytes_per_token(nbytes) / (hw.memory_bandwidth_Bps * eff.kv_bandwidth),
+        per_ctx_token_s=shape.kv_bytes_per_token(dtypes.kv_bytes_per_element(kv_dtype))
+        / (hw.memory_bandwidth_Bps * eff.kv_bandwidth),
         # QK^T and PV: 2 matmuls x 2 FLOPs per head dimension, per query head and layer.
         per_attn_pair_s=4.0 * shape.head_dim * shape.num_heads * shape.num_layers
         / (hw.dense_bf16_flops * eff.attention_flops),
@@ -170,37 +232,47 @@ def analytic_profile(
     tp: int = 1,
     dtype: str = "bfloat16",
     *,
+    kv_dtype: str | None = None,
     efficiencies: Efficiencies | None = None,
     table: dict[str, Accelerator] | None = None,
     date: str | None = None,
 ) -> Profile:
-    """An analytic Profile of ``model`` at tensor parallelism ``tp`` on ``hardware``."""
+    """An analytic Profile of ``model`` at tensor parallelism ``tp`` on ``hardware``, weights in ``dtype``
+    and the KV cache in ``kv_dtype`` (default: the 16-bit activation dtype, vLLM's ``auto``)."""
     eff = efficiencies or Efficiencies()
     hw = get_accelerator(hardware, table)
-    nbytes = dtype_bytes(dtype)
+    weight_dtype = dtypes.parse_weight_dtype(dtype)
+    kv = dtypes.parse_kv_dtype(kv_dtype) if kv_dtype is not None else dtypes.default_kv_dtype(weight_dtype)
+    nbytes = dtypes.ACTIVATION_BYTES
     try:
         shape = get_model(model, tp)
     except ValueError as err:
         raise ConfigError(str(err), field="model") from None
-    memory = memory_figures(hw, shape, nbytes, where="model")
+    memory = memory_figures(hw, shape, weight_dtype, kv, where="model")
+    settings = engine_settings(hw)
+    ratio = dtypes.gemm_rate_ratio(hw, weight_dtype)
     source = (
-        f"Analytic (not measured): roofline of {model} tp={tp} {dtype} on {hw.full_name} datasheet figures "
-        f"(calibration/hardware.yaml); weight_s = weights read per step / (bandwidth x eff), per_token_s = "
-        f"2 x params / (BF16 rate x eff), per_ctx_token_s = KV bytes per token / (bandwidth x eff), "
-        f"per_attn_pair_s = 4 x d_head x H_q x layers / (BF16 rate x eff), per_seq_s = fp32 logits "
-        f"write + read / bandwidth; {eff.describe()}; all-reduce alpha {ALLREDUCE_ALPHA_S * 1e6:.3g} us; "
-        f"KV capacity = (HBM x {MEMORY_FRACTION} - weights - {RUNTIME_RESERVE_BYTES / 2**30:.0f} GiB runtime "
-        f"- activations of {ACTIVATION_TOKENS} tokens) / KV bytes per token."
+        f"Analytic (not measured): roofline of {model} tp={tp} weights {weight_dtype}, KV {kv} on {hw.full_name} "
+        f"datasheet figures (calibration/hardware.yaml); weight_s = weight bytes read per step (linear layers "
+        f"at {dtypes.weight_bytes_per_param(weight_dtype):.4g} B, LM head and norms at 2 B) / (bandwidth x eff), "
+        f"per_token_s = 2 x (linear params / {ratio:.3g} + other params) / (BF16 rate x eff), per_ctx_token_s = "
+        f"KV bytes per token / (bandwidth x eff), per_attn_pair_s = 4 x d_head x H_q x layers / (BF16 rate x "
+        f"eff), per_seq_s = fp32 logits write + read / bandwidth; {eff.describe()}; all-reduce alpha "
+        f"{ALLREDUCE_ALPHA_S * 1e6:.3g} us; KV capacity = vLLM v1's start-up rule (simulator/cost/kv_pool.py): "
+        f"(device memory as CUDA reports it, {hw.device_memory_mib} MiB, x {MEMORY_FRACTION} - weights - "
+        f"activation peak of the profiling run at {settings.max_num_batched_tokens} tokens and "
+        f"{settings.max_num_seqs} sequences - non-torch memory) // (block of {settings.block_size} tokens x "
+        f"KV bytes per token)."
     )
     return Profile(
         name=profile_name(hardware, model, tp),
         hardware=hardware,
         model=model,
         tp=tp,
-        dtype=dtype,
+        dtype=weight_dtype.value,
         kind=ProfileKind.ANALYTIC,
         derived_from=eff.derived_from,
-        device_s=device_coefficients(hw, shape, nbytes, eff),
+        device_s=device_coefficients(hw, shape, nbytes, eff, weight_dtype, kv),
         host_s=eff.host,
         overlap_host=eff.overlap_host,
         comm=comm_model(hw, shape, nbytes, eff),
@@ -215,9 +287,12 @@ def analytic_profile(
 
 
 def efficiencies_from(measured: Profile, table: dict[str, Accelerator] | None = None) -> Efficiencies:
-    """The achieved fractions of peak a measured profile implies, to carry to other hardware or models."""
-    if not measured.is_measured:
-        raise ConfigError(f"{measured.name} is not a measured profile", field="derived_from")
+    """The achieved fractions of peak a measured (or fitted-published) profile implies, to carry to other
+    hardware or models. Of a fitted-published profile it reads the token curve's summary: the time at one
+    token as the weight stream (launch and per-layer fixed costs included) and the curve's last slope as
+    the compute-bound rate."""
+    if measured.kind is ProfileKind.ANALYTIC:
+        raise ConfigError(f"{measured.name} is not a measured or fitted-published profile", field="derived_from")
     hw = get_accelerator(measured.hardware, table)
     nbytes = dtype_bytes(measured.dtype)
     shape = get_model(measured.model, measured.tp)
@@ -249,8 +324,43 @@ SHIPPED_MODELS: tuple[tuple[str, int], ...] = (
 SHIPPED_HARDWARE: tuple[str, ...] = ("H100", "H200", "A100", "L40S", "B200")
 
 
+DERIVE_FROM: dict[str, str] = {"H200": "H100", "B200": "H100", "L40S": "H100"}
+"""Accelerators without published measurements, and the fitted one whose efficiencies they carry: the
+H100 for all three (the H200 is the same Hopper die with faster memory; the B200 and the L40S are nearer
+to it in generation than to the A100). The carried fractions of peak are an assumption, and each such
+profile says it is analytic with the source named."""
+
+
+def derived_profile(hardware: str, model: str, tp: int, *, table: dict[str, Accelerator] | None = None,
+                    date: str | None = None) -> Profile:
+    """An analytic profile of ``hardware`` with the efficiencies (and host term) of the nearest fitted
+    profile of the same model and TP; its measured all-reduce curve too where the NVLink is the same."""
+    table = table if table is not None else load_hardware()
+    source_hw = DERIVE_FROM.get(hardware.upper())
+    if source_hw is None:
+        return analytic_profile(hardware, model, tp, table=table, date=date)
+    source_name = f"{source_hw.lower()}-{model}-tp{tp}-fitted-published"
+    try:
+        source = load_profile(source_name)
+    except ConfigError:
+        return analytic_profile(hardware, model, tp, table=table, date=date)
+    profile = analytic_profile(hardware, model, tp, table=table, date=date,
+                               efficiencies=efficiencies_from(source, table))
+    hw, origin = get_accelerator(hardware, table), get_accelerator(source_hw, table)
+    if source.comm is not None and source.comm.curve is not None and hw.nvlink_bidirectional_Bps is not None \
+            and hw.nvlink_bidirectional_Bps == origin.nvlink_bidirectional_Bps:
+        note = (f" All-reduce: the measured curve of {source_name} ({source.comm.topology}), the same NVLink "
+                f"bandwidth as {hw.full_name}.")
+        profile = profile.model_copy(update={
+            "comm": source.comm,
+            "provenance": profile.provenance.model_copy(update={"source": profile.provenance.source + note}),
+        })
+    return profile
+
+
 def generate_shipped(out_dir: Path | None = None, *, date: str | None = None) -> tuple[list[Path], list[str]]:
-    """Write every shipped (hardware, model, tp) that fits; returns (written paths, skipped reasons)."""
+    """Write every shipped (hardware, model, tp) that fits; returns (written paths, skipped reasons). The
+    H100 and A100 have fitted-published profiles (``calibration.published.ship``), written first."""
     out_dir = out_dir or profiles_dir()
     table = load_hardware()
     written: list[Path] = []
@@ -258,7 +368,7 @@ def generate_shipped(out_dir: Path | None = None, *, date: str | None = None) ->
     for hardware in SHIPPED_HARDWARE:
         for model, tp in SHIPPED_MODELS:
             try:
-                profile = analytic_profile(hardware, model, tp, table=table, date=date)
+                profile = derived_profile(hardware, model, tp, table=table, date=date)
             except ConfigError as err:
                 skipped.append(f"{hardware} {model} tp{tp}: {err.message}")
                 continue

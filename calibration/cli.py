@@ -25,6 +25,8 @@ def require_engine(command: str) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.from_published is not None:
+        return cmd_from_published(args)
     require_engine("calibrate")
     outputs = calibrate(
         device=args.device, model=args.model, out=args.out, tp=args.tp, grid=args.grid, dtype=args.dtype,
@@ -48,6 +50,46 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     for reason in outputs.skipped:
         print(f"skipped  {reason}")
     print(f"raw      {outputs.csv_path}\nplot     {outputs.html_path}")
+    return 0
+
+
+def cmd_from_published(args: argparse.Namespace) -> int:
+    """Fit a profile to published GPU measurements: no engine, no GPU, no torch."""
+    from calibration.published.from_published import fit_published
+
+    if args.hardware is None:
+        raise ConfigError("--from-published needs --hardware (A100 or H100)", field="hardware")
+    out = Path(args.out)
+    if out.suffix not in (".yaml", ".yml"):
+        raise ConfigError("--out must name a .yaml file", field="out")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"cannot create the output folder: {err.strerror or err}", file=out.parent) from None
+    result = fit_published(args.model, args.hardware, args.tp, data=args.data, source=args.from_published,
+                           engine=args.engine, folds=args.folds, seed=args.seed)
+    profile = result.profile
+    temporary = out.with_name(f".{out.name}.tmp")
+    profile.save(temporary)
+    temporary.replace(out)
+    held = profile.fit_error
+    assert held is not None
+    print(f"profile  {out}  ({profile.label})")
+    print(f"held-out MAPE {held.mape:.2%}  max {held.max_error:.2%}  R² {held.r2:.4f}  "
+          f"({held.num_points} composed steps, {held.num_folds} folds)")
+    dev = profile.device_s
+    print(f"device   {len(dev.token_curve.x) if dev.token_curve else 0}-knot token curve: "
+          f"{dev.weight_s * 1e3:.3f} ms at 1 token, {dev.per_token_s * 1e6:.3f} us/token past "
+          f"{dev.token_curve.x[-1] if dev.token_curve else 0:.0f}; k {dev.per_ctx_token_s * 1e9:.3f} ns/ctx  "
+          f"q {dev.per_attn_pair_s * 1e12:.3f} ps/pair")
+    if profile.comm is not None:
+        print(f"comm     measured all-reduce curve, {profile.comm.topology} at {profile.tp} ranks")
+    host = profile.host_s
+    print(f"host     {host.engine}: h0 {host.h0_s * 1e6:.1f} us  {host.per_seq_s * 1e6:.2f} us/seq"
+          f"  overlap {profile.overlap_host}")
+    print(f"KV       {profile.memory.kv_bytes_per_token} B/token, capacity {profile.memory.kv_capacity_tokens} tokens")
+    for source in profile.provenance.sources:
+        print(f"source   {source.path}  sha256 {source.sha256[:16]}  {source.rows_used} rows")
     return 0
 
 
@@ -79,7 +121,9 @@ def register(subparsers: Any) -> None:
     """Add ``calibrate`` and ``validate`` to the ``fleetsim`` parser."""
     p = subparsers.add_parser("calibrate", help="profile the real engine on a grid, fit, write a measured profile")
     p.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
-    p.add_argument("--model", required=True, help="tiny, small, llama-3-8b, llama-3-70b, llama-3-405b")
+    p.add_argument("--model", required=True,
+                   help="catalogue name (calibration/engine/configs.py): tiny, small, llama-3-8b, llama-3-70b, "
+                        "llama-3-405b, llama-2-7b, llama-2-70b, codellama-34b, internlm-20b, phi-2, qwen-72b")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (profiles one rank's shard)")
     p.add_argument("--grid", choices=("ci", "cpu", "gpu"), default=None, help="grid preset (default by device)")
     p.add_argument("--out", required=True, type=Path, help="profile YAML to write (CSV and HTML go next to it)")
@@ -98,6 +142,13 @@ def register(subparsers: Any) -> None:
                         "best) or min (least disturbed pass, for a host shared with other jobs)")
     p.add_argument("--seed", type=int, default=0, help="seed of the grid's order, token ids and held-out folds")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--from-published", default=None, choices=("vidur",),
+                   help="fit to published GPU measurements instead of running the engine (needs --hardware "
+                        "A100|H100; no torch, no GPU)")
+    p.add_argument("--data", type=Path, default=None,
+                   help="folder of the published profiles (default ../shared/data/profiling/vidur)")
+    p.add_argument("--engine", default=None,
+                   help="serving-engine preset whose host overhead the profile carries (calibration/engines.yaml)")
     p.set_defaults(func=cmd_calibrate)
 
     p = subparsers.add_parser("validate", help="replay a workload on the real engine and in the simulator")

@@ -243,7 +243,8 @@ def stage_grid(plan: Plan, out: Path, *, progress: bool) -> dict[str, Any]:
     err = profile.fit_error
     return {"profile": outputs.profile_path.name, "csv": outputs.csv_path.name, "points": err.num_points,
             "skipped": outputs.skipped, "mape": err.mape, "max_error": err.max_error, "r2": err.r2,
-            "device_s": profile.device_s.model_dump(), "host_s": profile.host_s.model_dump(),
+            "device_s": profile.device_s.model_dump(exclude_none=True),
+            "host_s": profile.host_s.model_dump(exclude_none=True),
             "kv_capacity_tokens": profile.memory.kv_capacity_tokens}
 
 
@@ -277,7 +278,8 @@ def stage_layers(plan: Plan, out: Path, model: str, *, progress: bool) -> dict[s
     profile = _layer_profile(plan, model, scaling, errors)
     path = profile.save(out / f"{profile.name}.yaml")
     return {"tp": plan.layer_tp, "per_k": per_k, "min_linearity_r2": scaling.min_r2,
-            "full_layers": full.num_layers, "profile": path.name, "device_s_full": profile.device_s.model_dump()}
+            "full_layers": full.num_layers, "profile": path.name,
+            "device_s_full": profile.device_s.model_dump(exclude_none=True)}
 
 
 def _layer_profile(plan: Plan, model: str, scaling: Any, errors: list[Any]) -> Any:

@@ -19,6 +19,7 @@ import datetime
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -26,6 +27,7 @@ import plotly.graph_objects as go
 from scipy.optimize import least_squares, lsq_linear, nnls
 
 from calibration.profiler import SHAPE_COLUMNS
+from simulator.cost.curve import PiecewiseLinear
 from simulator.cost.profile import (
     CommModel,
     DeviceCoefficients,
@@ -185,7 +187,8 @@ def fit_device(
     )
     x = np.maximum(unpack(result.x), 0.0)
     p = float(result.x[num_linear]) if fit_knee else p0
-    return DeviceCoefficients(**dict(zip(LINEAR_PARAMS, map(float, x), strict=True)), knee_p=p)
+    fitted: dict[str, Any] = dict(zip(LINEAR_PARAMS, map(float, x), strict=True))
+    return DeviceCoefficients(**fitted, knee_p=p)
 
 
 def fit_host(df: pd.DataFrame) -> HostCoefficients:
@@ -237,6 +240,110 @@ def cross_validate(
         train = df.iloc[np.setdiff1d(order, fold)]
         coeffs = fit_device(train, initial=initial, knee_p=knee_p, fit_knee=fit_knee, multi_token=multi_token)
         held_out[fold] = predict_device(coeffs, df.iloc[fold])
+    observed = df["device_s"].to_numpy(dtype=np.float64)
+    return error_summary(held_out, observed, num_folds=folds), held_out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The curve form: a measured token curve in place of a0 + smoothmax(W, f·N)
+
+TOKEN_KNOTS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192, 224, 256, 320, 384, 448,
+                                512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096)
+"""Knots of a fitted token curve: dense where GEMM efficiency climbs (up to ~1k rows), sparse once linear."""
+
+
+def hat_basis(values: np.ndarray, knots: np.ndarray) -> np.ndarray:
+    """Column j: the weight of knot j in linear interpolation at each value (the curve is linear in its knot
+    values), extended along the last segment past the end and flat before the first, as ``PiecewiseLinear``."""
+    values = np.asarray(values, dtype=np.float64)
+    out = np.zeros((len(values), len(knots)))
+    i = np.clip(np.searchsorted(knots, values, side="right"), 1, len(knots) - 1)
+    x0, x1 = knots[i - 1], knots[i]
+    w = (values - x0) / (x1 - x0)
+    w = np.where(values < knots[0], 0.0, w)
+    rows = np.arange(len(values))
+    out[rows, i - 1] = 1.0 - w
+    out[rows, i] += w
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class CurveFit:
+    token_curve: PiecewiseLinear
+    per_ctx_token_s: float
+    per_attn_pair_s: float
+
+
+def fit_curve_device(df: pd.DataFrame, *, offset_s: np.ndarray, knots: tuple[int, ...] = TOKEN_KNOTS,
+                     per_ctx_token_s: float | None = None, per_attn_pair_s: float | None = None) -> CurveFit:
+    """``device_s − offset = token_curve(N) + k·Σctx + q·Σpairs`` by linear least squares on relative error.
+
+    The curve is fitted as non-negative increments between knots, so it never falls (a step with more new
+    tokens never takes less time), and k, q >= 0. ``offset_s``: terms priced outside the fit (the
+    sequence curve and the all-reduces). A k or q given is held at that value, not fitted (a prefill
+    chunk's pairs grow as n², which the curve could otherwise absorb and then miss a long prefix)."""
+    feats = features(df)
+    obs = df["device_s"].to_numpy(dtype=np.float64)
+    used = np.array([k for k in knots if k <= max(feats.num_tokens.max(), knots[1])], dtype=np.float64)
+    hats = hat_basis(feats.num_tokens, used)
+    # Increment parametrisation: value_j = sum_{i <= j} delta_i, so column i is the sum of hats j >= i.
+    cumulative = np.cumsum(hats[:, ::-1], axis=1)[:, ::-1]
+    columns = [cumulative]
+    target = obs - offset_s
+    if per_ctx_token_s is None:
+        columns.append(feats.ctx_sum[:, None])
+    else:
+        target = target - per_ctx_token_s * feats.ctx_sum
+    if per_attn_pair_s is None:
+        columns.append(feats.pairs[:, None])
+    else:
+        target = target - per_attn_pair_s * feats.pairs
+    weights = 1.0 / obs
+    if len(columns) == 1:
+        # Only the curve is free: rows of one token count differ only in their target, so the relative
+        # least squares collapses exactly onto one row per count (weight sqrt(Σ 1/obs²), target the
+        # weighted mean) — the same solution from a few hundred rows instead of thousands.
+        counts, inverse = np.unique(feats.num_tokens, return_inverse=True)
+        w2 = np.bincount(inverse, weights=weights**2)
+        target = np.bincount(inverse, weights=weights**2 * target) / w2
+        weights = np.sqrt(w2)
+        hats = hat_basis(counts, used)
+        columns = [np.cumsum(hats[:, ::-1], axis=1)[:, ::-1]]
+    design = np.hstack(columns)
+    scale = np.maximum(np.abs(design).max(axis=0), 1e-300)
+    weighted = design / scale * weights[:, None]
+    solution = lsq_linear(weighted, target * weights, bounds=(0.0, np.inf), method="bvls").x / scale
+    values = np.cumsum(solution[: len(used)])
+    rest = iter(solution[len(used):])
+    k = per_ctx_token_s if per_ctx_token_s is not None else float(next(rest))
+    q = per_attn_pair_s if per_attn_pair_s is not None else float(next(rest))
+    return CurveFit(
+        token_curve=PiecewiseLinear(x=tuple(float(v) for v in used), y=tuple(float(v) for v in values)),
+        per_ctx_token_s=k,
+        per_attn_pair_s=q,
+    )
+
+
+def predict_curve(fit: CurveFit, df: pd.DataFrame, offset_s: np.ndarray) -> np.ndarray:
+    feats = features(df.assign(device_s=1.0) if "device_s" not in df.columns else df)
+    knots = np.array(fit.token_curve.x)
+    tokens = hat_basis(feats.num_tokens, knots) @ np.array(fit.token_curve.y)
+    return tokens + fit.per_ctx_token_s * feats.ctx_sum + fit.per_attn_pair_s * feats.pairs + offset_s
+
+
+def cross_validate_curve(df: pd.DataFrame, *, offset_s: np.ndarray, num_folds: int = 5, seed: int = 0,
+                         knots: tuple[int, ...] = TOKEN_KNOTS, per_ctx_token_s: float | None = None,
+                         per_attn_pair_s: float | None = None) -> tuple[FitError, np.ndarray]:
+    """k-fold held-out error of ``fit_curve_device`` (each row predicted by a fit that never saw it)."""
+    n = len(df)
+    folds = max(2, min(num_folds, n))
+    order = np.random.default_rng(seed).permutation(n)
+    held_out = np.empty(n)
+    for fold in np.array_split(order, folds):
+        train = np.setdiff1d(order, fold)
+        fit = fit_curve_device(df.iloc[train], offset_s=offset_s[train], knots=knots,
+                               per_ctx_token_s=per_ctx_token_s, per_attn_pair_s=per_attn_pair_s)
+        held_out[fold] = predict_curve(fit, df.iloc[fold], offset_s[fold])
     observed = df["device_s"].to_numpy(dtype=np.float64)
     return error_summary(held_out, observed, num_folds=folds), held_out
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.optimize import lsq_linear
@@ -93,7 +94,7 @@ class LayerScaling:
 
     def at(self, num_layers: int) -> DeviceCoefficients:
         """Device coefficients of a model of ``num_layers`` layers (communication excluded)."""
-        values = {name: max(0.0, fit.at(num_layers)) for name, fit in self.fits.items()}
+        values: dict[str, Any] = {name: max(0.0, fit.at(num_layers)) for name, fit in self.fits.items()}
         return DeviceCoefficients(**values, knee_p=self.knee_p)
 
     @property

@@ -307,9 +307,10 @@ def pick_profile(fleet: FleetConfig) -> Profile:
     chosen = (measured or candidates)[0] if candidates else None
     if chosen is None:
         _check_weights_fit(fleet)
+        same_model = [n for n in list_profiles() if f"-{fleet.model}-tp" in n]
         raise ConfigError(
             f"no shipped profile for {fleet.hardware} / {fleet.model} / tp {fleet.tp} (a model that does not "
-            f"fit this memory has none); shipped: {', '.join(list_profiles())}",
+            f"fit this memory has none); shipped for {fleet.model}: {', '.join(same_model) or 'none'}",
             field="fleet",
         )
     return load_profile(chosen)
@@ -323,14 +324,16 @@ def _check_weights_fit(fleet: FleetConfig) -> None:
         if profile.model != fleet.model:
             continue
         try:
-            hbm_bytes = get_accelerator(fleet.hardware).hbm_bytes
+            hbm_bytes = get_accelerator(fleet.hardware).device_memory_bytes  # as the device reports it
         except ConfigError as err:
             raise ConfigError(err.message, field="fleet.hardware") from None
         weight_bytes = profile.memory.weight_bytes * profile.tp / fleet.tp
-        if weight_bytes >= hbm_bytes:
+        usable = hbm_bytes * profile.memory.memory_fraction
+        if weight_bytes >= usable:
             raise ConfigError(
                 f"{fleet.model} does not fit on {fleet.hardware} at tp {fleet.tp}: its weights need "
-                f"{weight_bytes / 1e9:.0f} GB per GPU, the GPU has {hbm_bytes / 1e9:.0f} GB; raise fleet.tp",
+                f"{weight_bytes / 2**30:.0f} GiB per GPU, the engine may use {usable / 2**30:.0f} GiB of its "
+                f"{hbm_bytes / 2**30:.0f} GiB; raise fleet.tp",
                 field="fleet.tp",
             )
         return

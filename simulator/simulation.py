@@ -47,7 +47,7 @@ def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
         requests=fleet.log,
         series=fleet.series,
         summary=_summary(scenario, fleet),
-        profile=ProfileInfo(name=profile.name, kind="measured" if profile.is_measured else "analytic"),
+        profile=ProfileInfo(name=profile.name, kind=profile.kind.value, label=profile.label),
     )
 
 

@@ -31,13 +31,15 @@ class ModelShape:
     max_position: int = 131072
     rms_eps: float = 1e-5
     tie_embeddings: bool = False
+    gated_mlp: bool = True
+    """SwiGLU (gate and up projections, 3 FFN matrices); False for a plain two-matrix MLP (phi-2's GELU)."""
     tp: int = 1
 
     @property
     def params_per_layer(self) -> int:
         qkv = self.hidden_size * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         out = self.num_heads * self.head_dim * self.hidden_size
-        ffn = 3 * self.hidden_size * self.intermediate_size
+        ffn = (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
         norms = 2 * self.hidden_size
         return qkv + out + ffn + norms
 
@@ -107,6 +109,38 @@ MODELS: dict[str, ModelShape] = {
         ModelShape(
             name="llama-3-405b", hidden_size=16384, num_layers=126, num_heads=128, num_kv_heads=8,
             head_dim=128, intermediate_size=53248, vocab_size=128256, rope_scaling_factor=8.0,
+        ),
+        # The models of Vidur's published profiles (../shared/data/profiling/vidur): each shape as its
+        # Hugging Face config.json gives it (the profile rows repeat hidden, heads, KV heads, FFN and vocab;
+        # the layer count is only in config.json). Vocabularies are the padded sizes the profiles record.
+        ModelShape(
+            name="llama-2-7b", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=32, head_dim=128,
+            intermediate_size=11008, vocab_size=32768, rope_theta=10000.0, max_position=4096,
+        ),
+        ModelShape(
+            name="llama-2-70b", hidden_size=8192, num_layers=80, num_heads=64, num_kv_heads=8, head_dim=128,
+            intermediate_size=28672, vocab_size=32768, rope_theta=10000.0, max_position=4096,
+        ),
+        ModelShape(
+            name="codellama-34b", hidden_size=8192, num_layers=48, num_heads=64, num_kv_heads=8, head_dim=128,
+            intermediate_size=22016, vocab_size=32768, rope_theta=1000000.0, max_position=16384,
+        ),
+        ModelShape(
+            name="internlm-20b", hidden_size=5120, num_layers=60, num_heads=40, num_kv_heads=40, head_dim=128,
+            intermediate_size=13824, vocab_size=103168, rope_theta=10000.0, max_position=4096,
+        ),
+        ModelShape(
+            name="phi-2", hidden_size=2560, num_layers=32, num_heads=32, num_kv_heads=32, head_dim=80,
+            intermediate_size=10240, vocab_size=51200, rope_theta=10000.0, max_position=2048, gated_mlp=False,
+        ),
+        ModelShape(
+            name="qwen-72b", hidden_size=8192, num_layers=80, num_heads=64, num_kv_heads=64, head_dim=128,
+            intermediate_size=24576, vocab_size=152064, rope_theta=1000000.0, max_position=32768,
+        ),
+        # codellama/CodeLlama-7b-hf config.json (Llama 2 shape, 16 extra vocab rows, 16k RoPE positions).
+        ModelShape(
+            name="codellama-7b", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=32, head_dim=128,
+            intermediate_size=11008, vocab_size=32016, rope_theta=1000000.0, max_position=16384,
         ),
     )
 }

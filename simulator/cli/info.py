@@ -10,11 +10,11 @@ import sys
 def cmd_profiles(args: argparse.Namespace) -> int:
     from simulator.cost.profile import list_profiles, load_profile
 
-    print(f"{'profile':40s} {'kind':9s} {'device':28s} fit")
+    print(f"{'profile':40s} {'kind':16s} {'device':28s} fit")
     for name in list_profiles():
         profile = load_profile(name)
         mape = f"held-out MAPE {profile.fit_error.mape:.1%}" if profile.fit_error else "no fit error (analytic)"
-        print(f"{name:40s} {profile.kind.value:9s} {profile.provenance.device_name:28s} {mape}")
+        print(f"{name:40s} {profile.kind.value:16s} {profile.provenance.device_name:28s} {mape}")
     return 0
 
 

@@ -62,8 +62,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     rows = {name: v.summary.to_dict() for name, v in result.variants.items()}
     print(format_table(rows))
     for variant in result.variants.values():
-        if variant.profile.kind == "analytic":
-            print(f"note: {variant.name}: cost model {variant.profile.name} is analytic, not measured")
+        if variant.profile.kind != "measured":
+            print(f"note: {variant.name}: cost model {variant.profile.label or variant.profile.name}")
     for name, summary in rows.items():
         verdict = summary.get("slo_met")
         if verdict is not None and loaded.scenario.slo is not None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simulator.core.step import StepShape
+from simulator.cost.curve import PiecewiseLinear, interpolate
 from simulator.cost.profile import CommModel, Profile
 
 if TYPE_CHECKING:
@@ -37,8 +38,12 @@ class CostModel:
     __slots__ = (
         "_a0",
         "_buckets",
+        "_calls",
         "_comm_fixed",
         "_comm_per_token",
+        "_comm_x",
+        "_comm_y",
+        "_curved",
         "_decode_consts",
         "_f",
         "_factor",
@@ -52,7 +57,11 @@ class CostModel:
         "_p",
         "_q",
         "_s",
+        "_seq_x",
+        "_seq_y",
         "_swap_per_token",
+        "_tok_x",
+        "_tok_y",
         "_w_pow",
         "profile",
     )
@@ -77,6 +86,21 @@ class CostModel:
         self._hn = host.per_token_s
         self._overlap = profile.overlap_host
         self._comm_fixed, self._comm_per_token = _comm_terms(profile.comm, profile.tp)
+        # Measured curves (fitted-published profiles) replace the analytic term they stand for; their knots
+        # are kept as plain lists for ``curve.interpolate``. The all-reduce curve is by message bytes: its
+        # knots are moved to tokens (bytes / bytes per token) once, here.
+        self._tok_x, self._tok_y = _knots(dev.token_curve)
+        self._seq_x, self._seq_y = _knots(dev.seq_curve)
+        comm = profile.comm
+        self._comm_x: list[float] | None = None
+        self._comm_y: list[float] | None = None
+        self._calls = 0.0
+        if comm is not None and comm.curve is not None and profile.tp > 1:
+            per_token = float(comm.bytes_per_token())
+            self._comm_x = [x / per_token for x in comm.curve.x]
+            self._comm_y = list(comm.curve.y)
+            self._calls = float(comm.calls_per_step())
+        self._curved = self._tok_x is not None or self._seq_x is not None or self._comm_x is not None
         # A swapped token moves its per-rank KV slice over that rank's own host link, in parallel.
         self._swap_per_token = profile.memory.kv_bytes_per_token / profile.host_link_Bps
         self._buckets = list(profile.cuda_graph_batch_sizes)
@@ -92,10 +116,32 @@ class CostModel:
     def _base_s(self, num_seqs: int, num_tokens: int) -> float:
         """Device time that depends only on sequences and tokens: a0 + smoothmax(W, f·N) + m·[N > 1] + s·B
         + comm. (With m = 0, the default, adding it changes no bit of the sum.)"""
+        if self._curved:
+            return self._curve_base(num_seqs, num_tokens)
         knee = (self._w_pow + (self._f * num_tokens) ** self._p) ** self._inv_p
         multi = self._m if num_tokens > 1 else 0.0
         return (self._a0 + knee + multi + self._s * num_seqs
                 + (self._comm_fixed + self._comm_per_token * num_tokens))
+
+    def _curve_base(self, num_seqs: int, num_tokens: int) -> float:
+        """``_base_s`` of a profile with measured curves: each curve in place of the term it measures."""
+        tok_x = self._tok_x
+        if tok_x is not None and self._tok_y is not None:
+            tokens = interpolate(tok_x, self._tok_y, num_tokens)
+        else:
+            knee = math.pow(self._w_pow + math.pow(self._f * num_tokens, self._p), self._inv_p)
+            tokens = self._a0 + knee + (self._m if num_tokens > 1 else 0.0)
+        seq_x = self._seq_x
+        if seq_x is not None and self._seq_y is not None:
+            seqs = interpolate(seq_x, self._seq_y, num_seqs)
+        else:
+            seqs = self._s * num_seqs
+        comm_x = self._comm_x
+        if comm_x is not None and self._comm_y is not None:
+            comm = self._calls * interpolate(comm_x, self._comm_y, num_tokens)
+        else:
+            comm = self._comm_fixed + self._comm_per_token * num_tokens
+        return tokens + seqs + comm
 
     def _host_s(self, num_seqs: int, num_tokens: int) -> float:
         return self._h0 + self._hs * num_seqs + self._hn * num_tokens
@@ -147,14 +193,18 @@ class CostModel:
             padded = self._bucket(b)
             if padded != b:
                 b = n = padded
-        # math.pow, not **: the same C pow() for these finite positive operands, and a direct call in the
-        # compiled build (** on floats is a generic number protocol call there).
-        knee = math.pow(self._w_pow + math.pow(self._f * n, self._p), self._inv_p)
-        dev = (
-            self._a0 + knee + (self._m if n > 1 else 0.0) + self._s * b + (self._comm_fixed + self._comm_per_token * n)
-            + self._k * decode_context_sum
-            + self._q * prefill_attention_pairs
-        )
+        if self._curved:
+            dev = self._curve_base(b, n) + self._k * decode_context_sum + self._q * prefill_attention_pairs
+        else:
+            # math.pow, not **: the same C pow() for these finite positive operands, and a direct call in the
+            # compiled build (** on floats is a generic number protocol call there).
+            knee = math.pow(self._w_pow + math.pow(self._f * n, self._p), self._inv_p)
+            dev = (
+                self._a0 + knee + (self._m if n > 1 else 0.0) + self._s * b
+                + (self._comm_fixed + self._comm_per_token * n)
+                + self._k * decode_context_sum
+                + self._q * prefill_attention_pairs
+            )
         if num_swap_tokens:
             dev += num_swap_tokens * self._swap_per_token
         host = self._h0 + self._hs * b + self._hn * n
@@ -348,6 +398,12 @@ class StepEnds:
                 return self._j - 1
             self._rewind()
         return self._walk(self.num_steps, t, True)
+
+
+def _knots(curve: PiecewiseLinear | None) -> tuple[list[float] | None, list[float] | None]:
+    if curve is None:
+        return None, None
+    return list(curve.x), list(curve.y)
 
 
 def _comm_terms(comm: CommModel | None, tp: int) -> tuple[float, float]:

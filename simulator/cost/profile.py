@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from simulator import yaml_text
+from simulator.cost.curve import PiecewiseLinear
 from simulator.errors import ConfigError
 
 SCHEMA_VERSION: Literal[1] = 1
@@ -36,6 +37,9 @@ class ProfileKind(StrEnum):
     """Coefficients fitted to step timings of the real engine on the named hardware."""
     ANALYTIC = "analytic"
     """Coefficients derived from datasheet figures and assumed efficiencies; never measured."""
+    FITTED_PUBLISHED = "fitted-published"
+    """Fitted to published GPU measurements of other people's runs (per-operator and collective timings),
+    composed into whole steps by stated rules; ``provenance.sources`` lists the files."""
 
 
 class DeviceCoefficients(_Frozen):
@@ -61,6 +65,15 @@ class DeviceCoefficients(_Frozen):
     matmuls run as matrix-vector kernels, while two or more tokens switch to matrix-matrix kernels that
     pack the weights first (measured on the small model: batch 1 decode ~12 ms, batch 2 ~20 ms, then
     ~2.5 ms per extra sequence). 0 (no such step) for GPU and analytic profiles."""
+    token_curve: PiecewiseLinear | None = None
+    """Device seconds of everything in a step that scales with its N new tokens (every layer's GEMMs,
+    norms, activations, RoPE, the embedding), by N. When set it prices the step in place of
+    ``a0 + smoothmax(W, f·N) + m·[N > 1]``: GEMM efficiency that climbs with the rows of the matrix and
+    per-layer fixed costs that do not shrink with TP are in its knots. a0_s, weight_s and per_token_s
+    then only summarise it (0, the curve at one token, its last slope) for reading effective rates."""
+    seq_curve: PiecewiseLinear | None = None
+    """Device seconds that scale with the B sequences of a step (the LM head over the last token of each,
+    logits, sampling), by B. When set it replaces ``s·B`` (per_seq_s then only summarises it)."""
 
 
 class HostCoefficients(_Frozen):
@@ -73,10 +86,15 @@ class HostCoefficients(_Frozen):
     """Host seconds per sequence in the step."""
     per_token_s: float = Field(default=0.0, ge=0)
     """Host seconds per new token in the step."""
+    engine: str | None = None
+    """The serving engine (and mode) these figures are for, e.g. 'vllm-v1-async'; None = this engine."""
+    source: str | None = None
+    """Where the figures come from (measured cycle − device time, or the published figures cited)."""
 
 
 class CommModel(_Frozen):
-    """Tensor-parallel all-reduce cost, added to device time: per call ``α + 2(p−1)/p · bytes / BW``."""
+    """Tensor-parallel all-reduce cost, added to device time: per call the measured ``curve`` of seconds
+    by message bytes when there is one, else ``α + 2(p−1)/p · bytes / BW``."""
 
     alpha_s: float = Field(ge=0)
     """Latency of one all-reduce call, seconds."""
@@ -90,24 +108,46 @@ class CommModel(_Frozen):
     """Elements per token in each all-reduce (the model's hidden size)."""
     dtype_bytes: int = Field(default=2, ge=1)
     """Bytes per element of the all-reduced activations (2 for bf16)."""
+    curve: PiecewiseLinear | None = None
+    """Measured seconds of one all-reduce by message bytes (x) for this topology and rank count; when set
+    it prices each call and alpha_s / bus_bandwidth_Bps only summarise it (an α–β fit to the curve)."""
+    topology: str | None = None
+    """Where the curve was measured (e.g. 'a100_dgx': NVSwitch, all ranks in one node)."""
+
+    def bytes_per_token(self) -> int:
+        """Bytes of one all-reduce per new token of the step (the hidden state of that token)."""
+        return self.hidden_size * self.dtype_bytes
+
+    def calls_per_step(self) -> int:
+        """All-reduce calls of one forward over the whole model."""
+        return self.num_allreduce_per_layer * self.num_layers
 
 
 class MemoryFigures(_Frozen):
-    """Per-GPU memory: what sizes the KV pool of one replica."""
+    """Per-GPU memory: what sizes the KV pool of one replica. The KV pool is what the engine's start-up
+    accounting leaves: device memory · memory_fraction − weights − activations − non-torch − CUDA graphs
+    (vLLM v1's rule; ``simulator.cost.kv_pool`` states it for analytic profiles)."""
 
     kv_bytes_per_token: int = Field(gt=0)
-    """KV cache bytes one token occupies on one GPU (2 · layers · KV heads per rank · head dim · dtype)."""
+    """KV cache bytes one token occupies on one GPU (2 · layers · KV heads per rank · head dim · KV dtype)."""
     kv_capacity_tokens: int = Field(ge=0)
-    """KV tokens one replica holds: as measured on the engine, or derived
-    (HBM · memory_fraction − weights − activations) / kv_bytes_per_token."""
+    """KV tokens one replica holds: as measured on the engine, or derived by vLLM's rule, whole blocks
+    ((device memory · memory_fraction − weights − activations − non-torch − graphs) // block bytes · block size)."""
     weight_bytes: int = Field(ge=0)
-    """Model weight bytes resident on one GPU."""
+    """Model weight bytes resident on one GPU, as the engine counts them (parameters at their dtype)."""
     device_memory_bytes: int = Field(gt=0)
-    """Memory of one GPU, bytes."""
+    """Memory of one GPU as the device reports it to CUDA (torch.cuda.mem_get_info total), bytes: what vLLM
+    multiplies by memory_fraction. Not the datasheet's decimal GB (H100: 79.19 GiB = 85.0e9, not 80e9)."""
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
     """Fraction of device memory the engine may use (vLLM's gpu_memory_utilization, default 0.9)."""
     activation_bytes: int = Field(default=0, ge=0)
-    """Bytes reserved for activations, CUDA graphs and workspace besides weights and KV."""
+    """Peak activation bytes of the engine's profiling forward (measured: everything PyTorch allocated
+    besides weights and KV, so workspaces too)."""
+    non_torch_bytes: int = Field(default=0, ge=0)
+    """Memory outside PyTorch's allocator kept from the pool (cuBLAS workspaces, NCCL and all-reduce
+    buffers); 0 where a measured capacity already accounts for it."""
+    cuda_graph_bytes: int = Field(default=0, ge=0)
+    """CUDA-graph memory kept from the pool; 0 where the engine captures graphs after sizing it (vLLM v1)."""
 
 
 class ValidRange(_Frozen):
@@ -136,6 +176,17 @@ class FitError(_Frozen):
     """Folds of the cross-validation."""
 
 
+class SourceFile(_Frozen):
+    """One file a profile's numbers were read from."""
+
+    path: str
+    """The file, relative to the data folder it was read from."""
+    sha256: str
+    """sha256 of the file's bytes when it was read."""
+    rows_used: int = Field(ge=0)
+    """Rows of the file that went into the profile."""
+
+
 class Provenance(_Frozen):
     """Where the numbers came from."""
 
@@ -151,6 +202,10 @@ class Provenance(_Frozen):
     """sha256 of the raw timings file the fit read (None for analytic profiles)."""
     source: str
     """Free text: how the numbers were obtained, and every assumption behind them."""
+    sources: tuple[SourceFile, ...] = ()
+    """For a fitted-published profile: every file read, with its sha256 and the rows used."""
+    rules: tuple[str, ...] = ()
+    """For a fitted-published profile: the rule behind each term that no file measured directly."""
 
 
 class Profile(_Frozen):
@@ -171,7 +226,8 @@ class Profile(_Frozen):
     kind: ProfileKind
     """measured (fitted to engine timings) or analytic (datasheet + assumptions)."""
     derived_from: str | None = None
-    """For an analytic profile: the measured profile whose efficiency factors it carries over."""
+    """For an analytic profile: the measured or fitted-published profile whose efficiency factors it
+    carries over."""
     device_s: DeviceCoefficients
     """Device-time coefficients."""
     host_s: HostCoefficients = HostCoefficients()
@@ -209,11 +265,15 @@ class Profile(_Frozen):
 
     @property
     def label(self) -> str:
-        """How the profile is shown to users: an analytic profile always says it was not measured."""
+        """How the profile is shown to users: which kind it is and where its numbers come from; an
+        analytic profile always says it was not measured."""
         if self.is_measured:
             return f"{self.name} (measured on {self.provenance.device_name})"
-        carried = f", efficiencies from {self.derived_from}" if self.derived_from else ""
-        return f"{self.name} (analytic, not measured{carried})"
+        if self.kind is ProfileKind.FITTED_PUBLISHED:
+            return f"{self.name} (fitted-published: {self.provenance.device_name} timings published by others)"
+        if self.derived_from:
+            return f"{self.name} (analytic, not measured; efficiencies from {self.derived_from})"
+        return f"{self.name} (analytic, not measured)"
 
     def kv_capacity_tokens(self, memory_fraction: float | None = None) -> int:
         """KV tokens of one replica; at another memory fraction, re-derived from the memory figures."""
@@ -253,10 +313,18 @@ class Accelerator(_Frozen):
     """Vendor product name (form factor and memory size included)."""
     hbm_bytes: float = Field(gt=0)
     """Device memory, bytes (decimal, as the datasheet states it)."""
+    device_memory_mib: int = Field(gt=0)
+    """Total device memory as the device reports it to CUDA (cudaMemGetInfo, torch.cuda.mem_get_info()[1]),
+    MiB: what vLLM sizes its KV pool from. Not the datasheet's decimal GB (H100 "80GB": 81,091 MiB =
+    85.0e9 bytes) and a little below nvidia-smi's total; it moves by a few MiB with driver and ECC setting."""
     memory_bandwidth_Bps: float = Field(gt=0)
     """Peak device-memory bandwidth, bytes/s."""
     dense_bf16_flops: float = Field(gt=0)
     """Peak dense (no sparsity) BF16 tensor-core rate, FLOP/s."""
+    dense_fp8_flops: float | None = Field(default=None, gt=0)
+    """Peak dense FP8 (E4M3) tensor-core rate, FLOP/s; None = no FP8 tensor cores (FP8 runs weight-only)."""
+    dense_int8_ops: float | None = Field(default=None, gt=0)
+    """Peak dense INT8 tensor-core rate, operations/s; None = not offered."""
     nvlink_bidirectional_Bps: float | None = Field(default=None, gt=0)
     """GPU-to-GPU NVLink bandwidth per GPU, both directions together, bytes/s; None = no NVLink."""
     host_link_bidirectional_Bps: float = Field(gt=0)
@@ -265,6 +333,11 @@ class Accelerator(_Frozen):
     """Typical public on-demand price of one GPU for one hour, USD."""
     sources: dict[str, str]
     """Source of each figure above, keyed by field name."""
+
+    @property
+    def device_memory_bytes(self) -> int:
+        """``device_memory_mib`` in bytes."""
+        return self.device_memory_mib << 20
 
     @model_validator(mode="after")
     def _every_figure_sourced(self) -> Accelerator:

@@ -417,13 +417,20 @@ def render_report(result: RunResult) -> str:
     )
     banner = ""
     if result.analytic:
-        analytic = ", ".join(
-            sorted({html.escape(v.profile.name) for v in result.variants.values() if v.profile.kind == "analytic"})
-        )
+        analytic = ", ".join(sorted({html.escape(v.profile.label or v.profile.name)
+                                     for v in result.variants.values() if v.profile.kind == "analytic"}))
         banner = (
             '<div class="banner" id="analytic-banner">Cost model analytic, not measured: step times for '
             f"{analytic} come from datasheet figures, not from timings on a real engine. Read latencies and "
             "costs as estimates.</div>"
+        )
+    if result.fitted_published:
+        fitted = ", ".join(sorted({html.escape(v.profile.label or v.profile.name)
+                                   for v in result.variants.values() if v.profile.kind == "fitted-published"}))
+        banner += (
+            '<div class="banner" id="published-banner">Cost model fitted to published GPU measurements: '
+            f"{fitted}. Operator and collective timings were measured by others and composed into steps by "
+            "stated rules (the profile's provenance lists them); not timed on this engine.</div>"
         )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

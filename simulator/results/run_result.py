@@ -27,10 +27,12 @@ class ProfileInfo:
     """Which cost-model profile produced the step times, and whether it was measured on an engine."""
 
     name: str
-    kind: Literal["measured", "analytic"]
+    kind: Literal["measured", "analytic", "fitted-published"]
+    label: str = ""
+    """The profile's label: its kind and where its numbers come from (``Profile.label``)."""
 
     def to_dict(self) -> dict[str, str]:
-        return {"name": self.name, "kind": self.kind}
+        return {"name": self.name, "kind": self.kind, "label": self.label or self.name}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +67,11 @@ class RunResult:
     def analytic(self) -> bool:
         """True when any variant's step times come from an analytic (not measured) profile."""
         return any(v.profile.kind == "analytic" for v in self.variants.values())
+
+    @property
+    def fitted_published(self) -> bool:
+        """True when any variant's step times come from a profile fitted to published measurements."""
+        return any(v.profile.kind == "fitted-published" for v in self.variants.values())
 
     def _select(self, variant: str | None) -> list[VariantResult]:
         if variant is None:

@@ -25,7 +25,7 @@ def test_h200_8b_matches_first_principles() -> None:
     # research §6: 15.01 GB of weights read per decode step; 128 KiB of KV per token.
     assert p.device_s.weight_s * hw.memory_bandwidth_Bps * 0.8 == pytest.approx(15.01e9, rel=0.01)
     assert p.memory.kv_bytes_per_token == 128 * 1024
-    # research §6: ~0.85-0.9 M tokens of KV on one H200 (theirs counts 139 GiB; datasheet 141 GB here).
+    # research §6: ~0.85-0.9 M tokens of KV on one H200 (139.8 GiB as CUDA reports it, vLLM's rule).
     assert 0.75e6 < p.memory.kv_capacity_tokens < 0.95e6
     assert p.kind is ProfileKind.ANALYTIC and p.comm is None
     assert "not measured" in p.label.lower()
@@ -87,7 +87,7 @@ def test_carried_over_efficiencies_round_trip() -> None:
     assert b200.derived_from == "h200-llama-3-8b-tp1-measured"
     assert "carried over" in b200.provenance.source
     assert "efficiencies from h200-llama-3-8b-tp1-measured" in b200.label
-    with pytest.raises(ConfigError, match="not a measured profile"):
+    with pytest.raises(ConfigError, match="not a measured or fitted-published profile"):
         efficiencies_from(analytic_profile("H200", "llama-3-8b"))
 
 
@@ -106,4 +106,62 @@ def test_shipped_profiles_are_current(tmp_path: Path) -> None:
 def test_shard_shapes_used() -> None:
     p4 = analytic_profile("H100", "llama-3-70b", 4)
     shape = get_model("llama-3-70b", 4)
-    assert p4.memory.weight_bytes == shape.num_params * 2
+    # Weights as vLLM counts them: the rank's parameters plus its RoPE cos/sin cache.
+    assert p4.memory.weight_bytes == shape.num_params * 2 + shape.max_position * shape.head_dim * 2
+
+
+def test_memory_is_what_the_device_reports() -> None:
+    hw = load_hardware()["H100"]
+    p = analytic_profile("H100", "llama-3-8b")
+    mem = p.memory
+    assert mem.device_memory_bytes == hw.device_memory_bytes == 81091 * 2**20
+    # vLLM v1's rule, whole blocks of 16: what the 0.9 share leaves after weights, activations, non-torch.
+    left = int(mem.device_memory_bytes * mem.memory_fraction) - mem.weight_bytes - mem.activation_bytes \
+        - mem.non_torch_bytes - mem.cuda_graph_bytes
+    assert mem.kv_capacity_tokens == left // (16 * mem.kv_bytes_per_token) * 16
+    assert mem.kv_capacity_tokens % 16 == 0
+    assert "vLLM v1" in p.provenance.source and "81091 MiB" in p.provenance.source
+
+
+def test_does_not_fit_names_model_tp_and_numbers() -> None:
+    with pytest.raises(ConfigError, match=r"llama-3-70b at tp=1 does not fit: 131\.\d GiB of bfloat16 weights") as info:
+        analytic_profile("H200", "llama-3-70b", 1)
+    assert "NVIDIA H200" in info.value.message and "143155 MiB" in info.value.message
+    # fp8 weights halve the linear layers: the same model then fits one H200.
+    assert analytic_profile("H200", "llama-3-70b", 1, dtype="fp8").memory.kv_capacity_tokens > 0
+
+
+def test_fp8_weights_on_fp8_tensor_cores() -> None:
+    bf16 = analytic_profile("H100", "llama-3-8b")
+    fp8 = analytic_profile("H100", "llama-3-8b", dtype="fp8")
+    assert fp8.dtype == "fp8"
+    linear = 6_979_321_856  # Llama-3.1-8B decoder linears; the LM head stays 16-bit
+    assert bf16.memory.weight_bytes - fp8.memory.weight_bytes == linear
+    assert fp8.device_s.weight_s < 0.6 * bf16.device_s.weight_s
+    # W8A8 at the FP8 rate (2x BF16 on Hopper) for the linear layers, the LM head at the BF16 rate.
+    assert fp8.device_s.per_token_s == pytest.approx(0.5 * bf16.device_s.per_token_s, rel=0.1)
+    assert fp8.device_s.per_token_s > 0.5 * bf16.device_s.per_token_s
+    assert fp8.memory.kv_capacity_tokens > bf16.memory.kv_capacity_tokens
+    assert fp8.device_s.per_ctx_token_s == bf16.device_s.per_ctx_token_s
+
+
+def test_fp8_without_fp8_tensor_cores_is_weight_only() -> None:
+    bf16 = analytic_profile("A100", "llama-3-8b")
+    fp8 = analytic_profile("A100", "llama-3-8b", dtype="fp8")
+    assert fp8.device_s.weight_s < 0.6 * bf16.device_s.weight_s  # the bytes halve ...
+    assert fp8.device_s.per_token_s == pytest.approx(bf16.device_s.per_token_s)  # ... the rate does not
+
+
+def test_int4_weights_and_fp8_kv() -> None:
+    bf16 = analytic_profile("L40S", "llama-3-8b")
+    w4 = analytic_profile("L40S", "llama-3-8b", dtype="int4")
+    assert w4.memory.weight_bytes < 0.4 * bf16.memory.weight_bytes
+    assert w4.device_s.per_token_s == pytest.approx(bf16.device_s.per_token_s)  # W4A16: 16-bit GEMMs
+    kv8 = analytic_profile("L40S", "llama-3-8b", kv_dtype="fp8")
+    assert kv8.memory.kv_bytes_per_token == bf16.memory.kv_bytes_per_token // 2
+    assert kv8.device_s.per_ctx_token_s == pytest.approx(bf16.device_s.per_ctx_token_s / 2)
+    # Same pool, half the bytes per token: twice the tokens, to a block.
+    assert abs(kv8.memory.kv_capacity_tokens - 2 * bf16.memory.kv_capacity_tokens) <= 16
+    assert "KV fp8" in kv8.provenance.source
+    with pytest.raises(ConfigError, match="kv_dtype"):
+        analytic_profile("L40S", "llama-3-8b", kv_dtype="int4")

@@ -229,7 +229,7 @@ def test_profiles_lists_every_shipped_profile(capsys: pytest.CaptureFixture[str]
     assert header.split()[:2] == ["profile", "kind"] and header.split()[-1] == "fit"
     assert [line.split()[0] for line in lines] == list_profiles()
     for line in lines:
-        assert line.split()[1] in ("measured", "analytic")
+        assert line.split()[1] in ("measured", "analytic", "fitted-published")
         assert "MAPE" in line or "analytic" in line
 
 

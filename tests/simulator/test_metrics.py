@@ -344,7 +344,8 @@ def test_summary_json_is_byte_identical_and_sorted() -> None:
     doc = json.loads(a)
     assert list(doc) == sorted(doc)
     assert doc["variants"]["base"]["requests_arrived"] == 5
-    assert doc["profile"] == {"kind": "measured", "name": "h200-llama3-8b"}
+    # The label falls back to the name when the run did not record one.
+    assert doc["profile"] == {"kind": "measured", "label": "h200-llama3-8b", "name": "h200-llama3-8b"}
     assert doc["scenario"] == {"file": "a.yaml", "ks": [1, 2], "rate": 2.5, "seed": 3}
     # Last-bit noise (another platform's libm) does not change the file.
     noisy = hand_summary(kv_util_mean=0.5 + 1e-13).to_dict()
