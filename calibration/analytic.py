@@ -175,6 +175,7 @@ def memory_figures(
         activation_bytes=pool.activation_bytes,
         non_torch_bytes=pool.non_torch_bytes,
         cuda_graph_bytes=pool.cuda_graph_bytes,
+        linear_weight_bytes=int(linear_params(shape) * dtypes.weight_bytes_per_param(dtype)),
     )
 
 

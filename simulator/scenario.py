@@ -22,7 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from simulator import yaml_text
 from simulator.core.config import Batching, KVPolicy, Preemption, QueuePolicy, SchedulerConfig
 from simulator.core.presets import PRESETS
+from simulator.cost.dtypes import KvDtype, WeightDtype
 from simulator.cost.profile import Profile, config_error_from_validation, get_accelerator, list_profiles, load_profile
+from simulator.cost.reprice import at_dtypes
 from simulator.errors import ConfigError
 from simulator.fleet.router import RouterConfig
 from simulator.results.summary import SLO, CostConfig
@@ -52,6 +54,9 @@ class KVConfig(_Section):
     """recompute, or swap (host copy priced by the profile's host link bandwidth)."""
     swap_space_gib: float = Field(default=4.0, ge=0)
     """Host memory for swapped-out KV per replica, GiB (vLLM's swap_space default is 4)."""
+    dtype: KvDtype | None = None
+    """KV cache dtype: bfloat16, float16 or fp8 (vLLM's --kv-cache-dtype); None = the profile's. Another
+    dtype reprices the profile (simulator/cost/reprice.py): KV bytes, capacity and the context term."""
 
     @field_validator("block_size")
     @classmethod
@@ -101,7 +106,10 @@ class FleetConfig(_Section):
     """Tensor-parallel degree: GPUs per replica."""
     profile: str | None = None
     """Cost-model profile (shipped name or path); None = the shipped profile for hardware, model and tp,
-    measured preferred over analytic."""
+    measured preferred over fitted-published over analytic."""
+    weight_dtype: WeightDtype | None = None
+    """Weight dtype: bfloat16, float16, fp8 or int4 (weight-only); None = the profile's. Another dtype
+    reprices the profile (simulator/cost/reprice.py): weight bytes, GEMM rate, KV pool."""
 
 
 class NetworkConfig(_Section):
@@ -303,8 +311,10 @@ def pick_profile(fleet: FleetConfig) -> Profile:
         return profile
     stem = f"{fleet.hardware.lower()}-{fleet.model}-tp{fleet.tp}"
     candidates = [n for n in list_profiles() if n.startswith(stem + "-")]
-    measured = [n for n in candidates if not n.endswith("-analytic")]
-    chosen = (measured or candidates)[0] if candidates else None
+    # Measured on an engine first, then fitted to published measurements, then analytic.
+    rank = {"measured": 0, "fitted-published": 1, "analytic": 2}
+    candidates.sort(key=lambda n: (min((r for kind, r in rank.items() if n.endswith("-" + kind)), default=3), n))
+    chosen = candidates[0] if candidates else None
     if chosen is None:
         _check_weights_fit(fleet)
         same_model = [n for n in list_profiles() if f"-{fleet.model}-tp" in n]
@@ -344,6 +354,14 @@ def resolve_replica(scenario: Scenario) -> ReplicaSetup:
     profile = pick_profile(scenario.fleet)
     engine = scenario.engine
     kv = engine.kv
+    weight_dtype = scenario.fleet.weight_dtype
+    if weight_dtype is not None or kv.dtype is not None:
+        where = "fleet.weight_dtype" if weight_dtype is not None else "engine.kv.dtype"
+        try:
+            accelerator = get_accelerator(profile.hardware)
+        except ConfigError as err:
+            raise ConfigError(f"cannot reprice {profile.name} for other dtypes: {err.message}", field=where) from None
+        profile = at_dtypes(profile, accelerator, weight_dtype=weight_dtype, kv_dtype=kv.dtype)
     config = SchedulerConfig(num_blocks=1)
     if engine.preset is not None:
         config = PRESETS[engine.preset].apply(config)

@@ -148,6 +148,9 @@ class MemoryFigures(_Frozen):
     buffers); 0 where a measured capacity already accounts for it."""
     cuda_graph_bytes: int = Field(default=0, ge=0)
     """CUDA-graph memory kept from the pool; 0 where the engine captures graphs after sizing it (vLLM v1)."""
+    linear_weight_bytes: int | None = Field(default=None, ge=0)
+    """Bytes of the decoder's linear layers among ``weight_bytes``: the part a quantized checkpoint
+    shrinks (embedding, LM head and norms stay 16-bit). None when unknown: then all weights count."""
 
 
 class ValidRange(_Frozen):
@@ -248,6 +251,11 @@ class Profile(_Frozen):
     """Held-out fit error (None for analytic profiles)."""
     provenance: Provenance
     """Origin of the numbers."""
+    kv_dtype: str | None = None
+    """KV cache dtype when it differs from ``dtype`` (e.g. 'fp8' beside bfloat16 weights)."""
+    repriced: str | None = None
+    """Set when a scenario asked for other data types than the profile was made for: what was repriced
+    and by which rule (``simulator.cost.reprice``)."""
 
     @model_validator(mode="after")
     def _check_kind(self) -> Profile:
@@ -267,13 +275,19 @@ class Profile(_Frozen):
     def label(self) -> str:
         """How the profile is shown to users: which kind it is and where its numbers come from; an
         analytic profile always says it was not measured."""
+        repriced = f"; repriced for {self.repriced_dtypes}" if self.repriced else ""
         if self.is_measured:
-            return f"{self.name} (measured on {self.provenance.device_name})"
+            return f"{self.name} (measured on {self.provenance.device_name}{repriced})"
         if self.kind is ProfileKind.FITTED_PUBLISHED:
-            return f"{self.name} (fitted-published: {self.provenance.device_name} timings published by others)"
+            return (f"{self.name} (fitted-published: {self.provenance.device_name} timings published by "
+                    f"others{repriced})")
         if self.derived_from:
-            return f"{self.name} (analytic, not measured; efficiencies from {self.derived_from})"
-        return f"{self.name} (analytic, not measured)"
+            return f"{self.name} (analytic, not measured; efficiencies from {self.derived_from}{repriced})"
+        return f"{self.name} (analytic, not measured{repriced})"
+
+    @property
+    def repriced_dtypes(self) -> str:
+        return f"{self.dtype} weights, {self.kv_dtype or self.dtype} KV"
 
     def kv_capacity_tokens(self, memory_fraction: float | None = None) -> int:
         """KV tokens of one replica; at another memory fraction, re-derived from the memory figures."""
