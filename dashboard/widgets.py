@@ -106,6 +106,12 @@ def run_with_progress(raw: dict[str, Any], source: Any) -> RunResult | None:
 
 
 def analytic_note(result: RunResult) -> None:
+    if result.fitted_published:
+        labels = sorted({v.profile.label or v.profile.name for v in result.variants.values()
+                         if v.profile.kind == "fitted-published"})
+        st.info(f"Cost model fitted to published GPU measurements: {', '.join(labels)}. Operator and collective "
+                "timings were measured by others and composed into steps by stated rules (see the profile's "
+                "provenance); not timed on this engine.", icon=":material/info:")
     if result.analytic:
         names = sorted({v.profile.name for v in result.variants.values() if v.profile.kind == "analytic"})
         st.warning(f"Cost model analytic, not measured: step times for {', '.join(names)} come from datasheet "
