@@ -13,8 +13,17 @@ Invariants (tested by a hypothesis state machine):
 - free blocks + referenced blocks = all blocks;
 - a block keeps its hash after it is freed and stays findable until it is popped for reuse: eviction
   happens only then (lazy eviction), so the free queue's order IS the eviction order;
-- the queue is ordered by the time blocks were freed (LRU at the head); a request frees its blocks in
-  reverse order, so its tail blocks (longest prefixes, least likely to be shared) are evicted first.
+- blocks with a hash are queued by the time they were freed (LRU at the head); a request frees its blocks
+  in reverse order, so its tail blocks (longest prefixes, least likely to be shared) are evicted first;
+- blocks freed without a hash (a partly filled last block, or any block of a request that never filled
+  one) go to the *front* of the queue, in the order freed, before even the never-used ones: nothing can
+  hit them, so handing them out first lets cached prefixes live longer. This is vLLM v1's order
+  (``BlockPool.free_blocks`` at vllm-project/vllm 6a1acac, vllm/v1/core/block_pool.py:730-742:
+  ``prepend_n(blocks_without_hash)``, ``append_n(blocks_with_hash)``); ``unhashed_first=False`` keeps
+  the older all-to-the-tail order for engines that still use it;
+- several blocks may hold the same hash (two requests computed the same block concurrently): all are
+  indexed, a lookup answers with the oldest copy still cached, and evicting one copy leaves the others
+  findable (vLLM's ``BlockHashToBlockMap``, same commit, vllm/v1/core/block_pool.py).
 
 Blocks are ints, not objects: a replica hands out and frees tens of blocks per request, and a simulated
 fleet does so millions of times. Per-block state lives in flat lists indexed by block id, which grow only
@@ -49,12 +58,11 @@ class BlockPool:
     place and skipped when it reaches the head (lazy deletion): an entry is live when its block is free and
     it is the block's most recent entry (``_entries`` counts each block's entries in the queue).
 
-    One block per hash: if two requests compute the same block concurrently, the second copy is simply
-    not indexed (vLLM keeps duplicates; a duplicate can never be found by a later lookup that the first
-    copy would not also answer, so only eviction timing differs).
+    Blocks freed without a hash wait on ``_front``, a stack whose top is the head of the whole order.
+    Duplicate copies of a hash (beyond the one ``cached`` answers with) wait in ``_copies``, oldest first.
     """
 
-    def __init__(self, num_blocks: int, *, enable_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, *, enable_caching: bool = True, unhashed_first: bool = True) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -84,17 +92,23 @@ class BlockPool:
         self._hash_of: dict[int, int] = {}
         """Block id -> the hash it is indexed under."""
         self.cached: dict[int, int] = {}
-        """Hash -> block id: the prefix-cache index."""
+        """Hash -> block id: the prefix-cache index (the oldest copy still cached)."""
+        self._copies: dict[int, list[int]] = {}
+        """Hash -> further blocks holding it, oldest first (vLLM indexes duplicate copies too)."""
+        self.unhashed_first = unhashed_first
+        self._front: list[int] = []
+        """With caching and ``unhashed_first``: blocks freed without a hash, the next one handed out last
+        (a stack). Nothing can hit them, so they never leave it but by being handed out."""
         self.num_evictions = 0
 
     @property
     def num_free(self) -> int:
         """Blocks that can be handed out now, including cached blocks nobody references (evictable)."""
-        return self.num_blocks - self._num_handed + self._num_freed
+        return self.num_blocks - self._num_handed + self._num_freed + len(self._front)
 
     @property
     def num_used(self) -> int:
-        return self._num_handed - self._num_freed
+        return self._num_handed - self._num_freed - len(self._front)
 
     @property
     def ref_cnt(self) -> list[int]:
@@ -123,7 +137,7 @@ class BlockPool:
         never_used = list(range(self._num_handed, self.num_blocks))
         if not self.enable_caching:
             return self._stack_order() + never_used
-        return never_used + self._live_freed()
+        return self._front[::-1] + never_used + self._live_freed()
 
     def _stack_order(self) -> list[int]:
         """Without caching: the freed blocks on the stack, in the order they will be handed out."""
@@ -158,10 +172,21 @@ class BlockPool:
         start = self._num_handed
         if not self.enable_caching:
             return self._pop_stack(num_blocks) if num_blocks > 0 else []
+        ref = self._ref
+        out: list[int] = []
+        front = self._front
+        if front:
+            take = min(num_blocks, len(front))
+            for _ in range(take):
+                block_id = front.pop()
+                ref[block_id] = 1
+                out.append(block_id)
+            num_blocks -= take
+            if not num_blocks:
+                return out
         num_fresh = min(num_blocks, self.num_blocks - start)
         remaining = num_blocks - num_fresh
-        ref = self._ref
-        out = list(range(start, start + num_fresh))
+        out += range(start, start + num_fresh)
         if num_fresh:
             self._num_handed = start + num_fresh
             ref.extend([1] * num_fresh)
@@ -173,7 +198,6 @@ class BlockPool:
         head: i64 = self._freed_head
         entries = self._entries
         hash_of: dict[Any, Any] = self._hash_of
-        cached: dict[Any, Any] = self.cached
         while remaining:
             block_id = freed[head]
             head += 1
@@ -183,8 +207,7 @@ class BlockPool:
             held: Any = block_id  # an object for the dict: compiled, not boxed anew
             block_hash = hash_of.pop(held, None)
             if block_hash is not None:
-                del cached[block_hash]
-                self.num_evictions += 1
+                self._uncache(block_hash, block_id)
             ref[block_id] = 1
             out.append(block_id)
             remaining -= 1
@@ -193,6 +216,22 @@ class BlockPool:
             head = 0
         self._freed_head = head
         return out
+
+    def _uncache(self, block_hash: int, block_id: int) -> None:
+        """Evict one copy of ``block_hash``: the next oldest copy, if any, answers lookups from now on."""
+        self.num_evictions += 1
+        copies = self._copies.get(block_hash)
+        if self.cached[block_hash] == block_id:
+            if copies:
+                self.cached[block_hash] = copies.pop(0)
+                if not copies:
+                    del self._copies[block_hash]
+            else:
+                del self.cached[block_hash]
+        elif copies is not None:
+            copies.remove(block_id)
+            if not copies:
+                del self._copies[block_hash]
 
     def _pop_stack(self, num_blocks: int) -> list[int]:
         """Without caching: ``num_blocks`` (>= 1, at most the free ones) from the top of the stack, then
@@ -308,20 +347,30 @@ class BlockPool:
         # Ids held as objects too: compiled, the queue takes the very object (an id boxed anew per free
         # would be an allocation); the int indexes the per-block lists.
         given: list[Any] = blocks if isinstance(blocks, list) else list(blocks)
+        hash_of: dict[Any, Any] = self._hash_of
+        unhashed: list[int] = []
+        first = self.unhashed_first
         for held in given:
             block_id: int = held
             count = ref[block_id] - 1
             ref[block_id] = count
             if count == 0:
+                if first and held not in hash_of:
+                    unhashed.append(block_id)
+                    continue
                 freed.append(held)
                 self._num_freed += 1
                 entries[block_id] += 1
             elif count < 0:
                 raise AssertionError(f"block {block_id} freed more often than referenced")
+        if unhashed:
+            # To the front, in the order freed: the first of them is handed out first (the stack's top).
+            unhashed.reverse()
+            self._front += unhashed
 
     def cache_blocks(self, block_ids: Sequence[int], block_hashes: Sequence[int]) -> None:
-        """Index each (block, hash) pair in order; a block already indexed, or a hash already held by
-        another block (first copy wins), is left as it is."""
+        """Index each (block, hash) pair in order; a block already indexed is left as it is, and a hash
+        another block already holds is indexed as a further copy (lookups keep answering with the oldest)."""
         if not self.enable_caching:
             return
         if len(block_ids) != len(block_hashes):
@@ -338,9 +387,12 @@ class BlockPool:
         while i < count:
             block_id = ids[i]
             block_hash = hashes[i]
-            if block_id not in hash_of and block_hash not in cached:
-                cached[block_hash] = block_id
+            if block_id not in hash_of:
                 hash_of[block_id] = block_hash
+                if block_hash in cached:
+                    self._copies.setdefault(block_hash, []).append(block_id)
+                else:
+                    cached[block_hash] = block_id
             i += 1
 
     def _compact(self) -> None:

@@ -73,6 +73,10 @@ class SchedulerConfig:
     max_waiting_steps: int = 0
     """TGI's max_waiting_tokens: decode steps after which a prefill is forced even below the ratio
     (0 = no forcing)."""
+    unhashed_blocks_first: bool = True
+    """Freed blocks without a hash go to the front of the free queue (handed out first, so cached
+    prefixes live longer), as vLLM v1 does since 2025 (block_pool.py ``prepend_n``); False = every freed
+    block to the tail (the older order)."""
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1:

@@ -52,10 +52,11 @@ class KVStats:
 
 
 class KVManager:
-    def __init__(self, num_blocks: int, block_size: int, *, enable_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, enable_caching: bool = True,
+                 unhashed_first: bool = True) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
-        self.pool = BlockPool(num_blocks, enable_caching=enable_caching)
+        self.pool = BlockPool(num_blocks, enable_caching=enable_caching, unhashed_first=unhashed_first)
         self.req_blocks: dict[int, list[int]] = {}
         """Block table (block ids, in token order) of each request holding KV, by request id: the same
         lists as the requests' own ``block_table`` (which the per-step paths read)."""

@@ -80,7 +80,8 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.block_size = config.block_size
-        self.kv = KVManager(config.num_blocks, config.block_size, enable_caching=config.prefix_caching)
+        self.kv = KVManager(config.num_blocks, config.block_size, enable_caching=config.prefix_caching,
+                            unhashed_first=config.unhashed_blocks_first)
         self.waiting = WaitingQueue(config.queue_policy)
         self.swapped: deque[Request] = deque()
         """Swap-preempted requests, resumed in preemption order before any waiting request."""

@@ -49,7 +49,7 @@ def test_append_new_blocks_hands_out_what_get_new_blocks_would(ops: list[tuple[b
 
 
 def test_free_order_is_lru_and_reverse_within_a_request() -> None:
-    pool = BlockPool(6)
+    pool = BlockPool(6, unhashed_first=False)  # the older order: every freed block to the tail
     a = pool.get_new_blocks(3)  # ids 0 1 2
     b = pool.get_new_blocks(2)  # ids 3 4
     assert pool.free_queue == [5]
@@ -57,6 +57,39 @@ def test_free_order_is_lru_and_reverse_within_a_request() -> None:
     pool.free_blocks(reversed(a))
     # Freed later = evicted later; within a request the tail block goes first.
     assert pool.free_queue == [5, 4, 3, 2, 1, 0]
+
+
+def test_unhashed_blocks_are_handed_out_first() -> None:
+    """vLLM v1 (vllm/v1/core/block_pool.py at 6a1acac, free_blocks): freed blocks without a hash are
+    prepended, with a hash appended; the mirror of tests/v1/core/test_prefix_caching.py's free-queue order
+    checks. A request of 3 blocks, the first two full and cached, the last partial."""
+    pool = BlockPool(6)
+    a = pool.get_new_blocks(3)  # 0 1 2
+    pool.cache_blocks(a[:2], (100, 101))
+    b = pool.get_new_blocks(2)  # 3 4, never filled
+    pool.free_blocks(reversed(a))  # 2 (no hash) to the front; 1, 0 to the tail
+    assert pool.free_queue == [2, 5, 1, 0]
+    pool.free_blocks(reversed(b))  # 4, 3 to the front, before 2
+    assert pool.free_queue == [4, 3, 2, 5, 1, 0]
+    assert pool.get_new_blocks(4) == [4, 3, 2, 5]  # the cached prefix survives four allocations
+    assert pool.get_cached_block(100) == 0 and pool.num_evictions == 0
+
+
+def test_duplicate_copies_stay_findable_after_one_is_evicted() -> None:
+    """Two requests computed the same block concurrently: both copies are indexed (vLLM's
+    BlockHashToBlockMap); a lookup answers with the older, and evicting it leaves the younger."""
+    pool = BlockPool(4)
+    first, second = pool.get_new_blocks(1), pool.get_new_blocks(1)
+    pool.cache_blocks(first, (7,))
+    pool.cache_blocks(second, (7,))
+    assert pool.get_cached_block(7) == first[0] and pool.block_hash(second[0]) == 7
+    pool.free_blocks(first)
+    pool.free_blocks(second)
+    assert pool.free_queue == [2, 3, first[0], second[0]]  # both hashed: both to the tail
+    pool.get_new_blocks(3)  # evicts the older copy
+    assert pool.get_cached_block(7) == second[0] and pool.num_evictions == 1
+    pool.get_new_blocks(1)
+    assert pool.get_cached_block(7) is None and pool.num_evictions == 2
 
 
 def test_cached_block_is_evicted_only_when_popped() -> None:
@@ -76,7 +109,7 @@ def test_hits_on_free_blocks_leave_no_unbounded_trail() -> None:
     """A prefix hit takes a free block out of the middle of the queue by leaving a stale entry behind;
     a block hit and freed again and again (a shared system prompt on a quiet replica) must not grow the
     queue without bound, and the eviction order must stay exact."""
-    pool = BlockPool(8)
+    pool = BlockPool(8, unhashed_first=False)
     shared = pool.get_new_blocks(2)
     for i, block in enumerate(shared):
         pool.cache_blocks((block,), (100 + i,))
@@ -96,7 +129,7 @@ def test_hits_on_free_blocks_leave_no_unbounded_trail() -> None:
 def test_a_long_churn_keeps_the_lru_order_and_a_bounded_queue() -> None:
     """Thousands of frees and pops (past the point where the queue drops the entries it has read): the
     hand-out order stays least recently freed first, and the queue holds only the free blocks' entries."""
-    pool = BlockPool(8)
+    pool = BlockPool(8, unhashed_first=False)
     expected = list(range(8))
     for round_ in range(1500):
         taken = pool.get_new_blocks(5)
@@ -125,13 +158,47 @@ def test_prefix_hit_capped_below_the_last_token() -> None:
 class BlockPoolMachine(RuleBasedStateMachine):
     """Random allocate / free / cache / touch sequences against a plain model of refs and queue order."""
 
-    @initialize(num_blocks=st.integers(1, 12), caching=st.booleans())
-    def setup(self, num_blocks: int, caching: bool) -> None:
-        self.pool = BlockPool(num_blocks, enable_caching=caching)  # caching off has its own free path
+    @initialize(num_blocks=st.integers(1, 12), caching=st.booleans(), unhashed_first=st.booleans())
+    def setup(self, num_blocks: int, caching: bool, unhashed_first: bool) -> None:
+        # caching off has its own free path
+        self.pool = BlockPool(num_blocks, enable_caching=caching, unhashed_first=unhashed_first)
         self.holders: list[list[int]] = []  # each holder: block ids it references, in order
         self.model_queue = list(range(num_blocks))
         self.model_cache: dict[int, int] = {}
+        self.model_copies: dict[int, list[int]] = {}  # hash -> further copies, oldest first
         self.next_hash = 1
+
+    def _hashed(self, bid: int) -> bool:
+        return bid in self.model_cache.values() or any(bid in c for c in self.model_copies.values())
+
+    def _evict(self, bid: int) -> None:
+        for h, b in list(self.model_cache.items()):
+            if b == bid:
+                copies = self.model_copies.pop(h, [])
+                if copies:
+                    self.model_cache[h] = copies.pop(0)
+                    if copies:
+                        self.model_copies[h] = copies
+                else:
+                    del self.model_cache[h]
+        for h, copies in list(self.model_copies.items()):
+            if bid in copies:
+                copies.remove(bid)
+                if not copies:
+                    del self.model_copies[h]
+
+    def _queue_freed(self, order: list[int]) -> None:
+        """Blocks reaching zero references, in the order freed, into the model queue."""
+        front: list[int] = []
+        for bid in order:
+            if self._refs(bid) == 0:
+                if not self.pool.enable_caching:
+                    self.model_queue.insert(0, bid)  # a stack: freed last, handed out first
+                elif self.pool.unhashed_first and not self._hashed(bid):
+                    front.append(bid)  # vLLM: nothing can hit it, so it goes first
+                else:
+                    self.model_queue.append(bid)  # LRU: freed last, evicted last
+        self.model_queue = front + self.model_queue
 
     @rule(n=st.integers(1, 6))
     def allocate(self, n: int) -> None:
@@ -141,7 +208,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
         expected, self.model_queue = self.model_queue[:n], self.model_queue[n:]
         assert blocks == expected  # popped from the head (LRU with caching, the stack's top without)
         for bid in expected:
-            self.model_cache = {h: b for h, b in self.model_cache.items() if b != bid}
+            self._evict(bid)
         self.holders.append(expected)
 
     @precondition(lambda self: self.holders)
@@ -149,12 +216,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
     def free(self, data: st.DataObject) -> None:
         holder = self.holders.pop(data.draw(st.integers(0, len(self.holders) - 1)))
         self.pool.free_blocks(reversed(holder))
-        for bid in reversed(holder):
-            if self._refs(bid) == 0:
-                if self.pool.enable_caching:
-                    self.model_queue.append(bid)  # LRU: freed last, evicted last
-                else:
-                    self.model_queue.insert(0, bid)  # a stack: freed last, handed out first
+        self._queue_freed(holder[::-1])
 
     @precondition(lambda self: self.holders)
     @rule(data=st.data())
@@ -163,12 +225,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
         holder = self.holders.pop(data.draw(st.integers(0, len(self.holders) - 1)))
         order = holder[::-1]
         self.pool.free_table(holder)
-        for bid in order:
-            if self._refs(bid) == 0:
-                if self.pool.enable_caching:
-                    self.model_queue.append(bid)
-                else:
-                    self.model_queue.insert(0, bid)
+        self._queue_freed(order)
 
     @precondition(lambda self: not self.pool.enable_caching)
     @rule(num_tables=st.integers(1, 3))
@@ -191,6 +248,17 @@ class BlockPoolMachine(RuleBasedStateMachine):
             self.pool.cache_blocks((bid,), (self.next_hash,))
             self.model_cache[self.next_hash] = bid
             self.next_hash += 1
+
+    @precondition(lambda self: self.holders and self.model_cache)
+    @rule(data=st.data())
+    def cache_copy(self, data: st.DataObject) -> None:
+        """A block computed again by another request: indexed as a further copy of a held hash."""
+        holder = data.draw(st.sampled_from(self.holders))
+        bid = data.draw(st.sampled_from(holder))
+        block_hash = data.draw(st.sampled_from(sorted(self.model_cache)))
+        if self.pool.block_hash(bid) is None and self.pool.enable_caching:
+            self.pool.cache_blocks((bid,), (block_hash,))
+            self.model_copies.setdefault(block_hash, []).append(bid)
 
     @precondition(lambda self: self.model_cache)
     @rule(data=st.data())
@@ -217,6 +285,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
         for block in range(self.pool.num_blocks):
             assert self.pool.ref_count(block) == self._refs(block)
         assert self.pool.cached == self.model_cache
+        assert self.pool._copies == self.model_copies
         assert all(self.pool.block_hash(b) == h for h, b in self.pool.cached.items())
 
 
