@@ -15,9 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import simulator.scenario as scenario_module  # noqa: E402
-import simulator.simulation as simulation_module  # noqa: E402
-from simulator.scenario import load_scenario  # noqa: E402
+import simulator.scenario as scenario_module
+import simulator.simulation as simulation_module
+from simulator.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = {

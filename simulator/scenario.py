@@ -23,6 +23,7 @@ from simulator import yaml_text
 from simulator.core.config import Batching, KVPolicy, Preemption, QueuePolicy, SchedulerConfig
 from simulator.core.presets import PRESETS
 from simulator.cost.dtypes import KvDtype, WeightDtype
+from simulator.cost.kv_pool import serve_defaults
 from simulator.cost.profile import Profile, config_error_from_validation, get_accelerator, list_profiles, load_profile
 from simulator.cost.reprice import at_dtypes
 from simulator.errors import ConfigError
@@ -349,6 +350,23 @@ def _check_weights_fit(fleet: FleetConfig) -> None:
         return
 
 
+def vllm_gpu_defaults(scenario: Scenario, profile: Profile) -> tuple[int, int] | None:
+    """(max_num_batched_tokens, max_num_seqs) ``vllm serve`` picks on the profile's GPU, when the ``vllm``
+    preset applies them (neither field set in the scenario): 8192 / 1024 on a GPU of at least 70 GiB that
+    is not an A100, else 2048 / 256 (vLLM's ``EngineArgs.get_batch_defaults`` for the OpenAI API server,
+    vllm/engine/arg_utils.py; ``simulator.cost.kv_pool.serve_defaults``). None where the preset is not
+    ``vllm``, a field is set, or the hardware is not in the datasheet table (a CPU profile)."""
+    engine = scenario.engine
+    if engine.preset != "vllm" or engine.max_num_batched_tokens is not None or engine.max_num_seqs is not None:
+        return None
+    try:
+        accelerator = get_accelerator(profile.hardware)
+    except ConfigError:
+        return None
+    settings = serve_defaults(accelerator.device_memory_bytes, accelerator.full_name)
+    return settings.max_num_batched_tokens, settings.max_num_seqs
+
+
 def resolve_replica(scenario: Scenario) -> ReplicaSetup:
     """The profile and the scheduler configuration every replica of this scenario runs."""
     profile = pick_profile(scenario.fleet)
@@ -365,6 +383,9 @@ def resolve_replica(scenario: Scenario) -> ReplicaSetup:
     config = SchedulerConfig(num_blocks=1)
     if engine.preset is not None:
         config = PRESETS[engine.preset].apply(config)
+    gpu_defaults = vllm_gpu_defaults(scenario, profile)
+    if gpu_defaults is not None:
+        config = replace(config, max_num_batched_tokens=gpu_defaults[0], max_num_seqs=gpu_defaults[1])
     explicit: dict[str, Any] = {
         "batching": engine.batching,
         "max_num_seqs": engine.max_num_seqs,

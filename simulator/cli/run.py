@@ -47,7 +47,7 @@ def format_table(rows: dict[str, dict[str, Any]]) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from simulator.results.run_folder import check_writable, save_run
-    from simulator.scenario import load_scenario
+    from simulator.scenario import load_scenario, resolve_replica, vllm_gpu_defaults
     from simulator.simulation import run
 
     loaded = load_scenario(args.scenario, args.set or [], seed=args.seed)
@@ -61,6 +61,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     saved = save_run(result, out, overwrite=args.overwrite)
     rows = {name: v.summary.to_dict() for name, v in result.variants.items()}
     print(format_table(rows))
+    base = resolve_replica(loaded.scenario)
+    defaults = vllm_gpu_defaults(loaded.scenario, base.profile)
+    if defaults is not None:
+        print(f"note: vllm preset on {base.profile.hardware}: vllm serve's defaults for this GPU, "
+              f"max_num_batched_tokens {defaults[0]}, max_num_seqs {defaults[1]}")
     for variant in result.variants.values():
         if variant.profile.kind != "measured":
             print(f"note: {variant.name}: cost model {variant.profile.label or variant.profile.name}")

@@ -87,3 +87,20 @@ def test_unknown_dtype_names_the_field_and_choices(tmp_path: Path) -> None:
         load_scenario(_scenario(tmp_path, {"hardware": "H100", "model": "llama-3-70b", "tp": 4,
                                            "weight_dtype": "fp4"}))
     assert err.value.field == "fleet.weight_dtype" and "fp8" in str(err.value)
+
+
+@pytest.mark.parametrize("hardware,expected", [("H200", (8192, 1024)), ("H100", (8192, 1024)),
+                                               ("A100", (2048, 256)), ("L40S", (2048, 256))])
+def test_vllm_preset_takes_the_gpus_serve_defaults(tmp_path: Path, hardware: str, expected: tuple[int, int]) -> None:
+    """vLLM's get_batch_defaults (vllm/engine/arg_utils.py) for the API server: 8192 / 1024 on >= 70 GiB
+    GPUs that are not A100s, else 2048 / 256; mirrored from vLLM's test_defaults_with_usage_context."""
+    path = _scenario(tmp_path, {"hardware": hardware, "model": "llama-3-8b", "tp": 1})
+    data = yaml.safe_load(path.read_text())
+    data["engine"]["preset"] = "vllm"
+    path.write_text(yaml.safe_dump(data))
+    config = resolve_replica(load_scenario(path).scenario).scheduler
+    assert (config.max_num_batched_tokens, config.max_num_seqs) == expected
+    data["engine"]["max_num_seqs"] = 64  # a field the scenario sets wins, and the GPU defaults stand aside
+    path.write_text(yaml.safe_dump(data))
+    config = resolve_replica(load_scenario(path).scenario).scheduler
+    assert config.max_num_seqs == 64 and config.max_num_batched_tokens == 8192  # the preset's own
