@@ -66,7 +66,10 @@ def _generate_requests(config: WorkloadConfig, *, seed: int, block_size: int, ba
         block_size=block_size,
         stream_tag=BlockTag.REQUEST,
         stream_id=np.arange(size, dtype=np.int64),
-        hashed_tokens=prompt,  # the answer is never reused by another request, so only the prompt is hashed
+        # Prompt and answer, as vLLM hashes every full block of a request's tokens (Request.block_hashes
+        # grows as output fills blocks): no other request shares the answer, but the request itself hits
+        # its own output blocks when it is recomputed after a preemption.
+        hashed_tokens=prompt + output,
         prefix_id=prefix_id,
         prefix_tokens=prefix_tokens,
     )

@@ -62,7 +62,8 @@ def test_iteration_yields_request_specs_in_arrival_order() -> None:
     assert all(s.session_id is None for s in specs)
     assert specs[4321].block_hashes == workload.block_hashes(4321)
     # Without sessions only the prompt is hashed, one hash per full block.
-    assert all(len(s.block_hashes) == s.prompt_tokens // BLOCK for s in specs)
+    # Prompt and answer are hashed (vLLM hashes every full block of a request, outputs included).
+    assert all(len(s.block_hashes) == (s.prompt_tokens + s.output_tokens) // BLOCK for s in specs)
 
 
 def test_columns_are_read_only_and_to_pandas_has_every_column() -> None:
@@ -332,7 +333,7 @@ def test_any_uniform_workload_is_sorted_bounded_and_hashed_per_block(
     assert np.all(np.diff(workload.arrival_s) >= 0)
     assert workload.prompt_tokens.min() >= low and workload.prompt_tokens.max() <= low + span
     for spec in workload:
-        assert len(spec.block_hashes) == spec.prompt_tokens // block_size
+        assert len(spec.block_hashes) == (spec.prompt_tokens + spec.output_tokens) // block_size
 
 
 # --- configuration errors ----------------------------------------------------------------------------
