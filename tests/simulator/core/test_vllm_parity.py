@@ -1,10 +1,13 @@
 """vLLM v1's core behaviour, re-expressed against ``simulator.core`` with vLLM's expected values.
 
-``test_prefill_mirrors_vllm`` mirrors vLLM's ``tests/v1/core/test_prefix_caching.py::test_prefill``
-(vllm-project/vllm at 003df29) step by step: the scenario and the numbers are vLLM's, the code is ours.
-vLLM's pool reserves block 0 as its null block, so its block ids are ours + 1. The other cases check the
-rules of ``vllm/v1/core/block_pool.py`` (free_blocks, BlockHashToBlockMap) and of ``Request.block_hashes``
-(extended as outputs fill blocks) at vllm 6a1acac, as quoted in the docstrings of the code they test.
+The ``*_mirrors_vllm`` cases mirror vLLM's ``tests/v1/core/test_prefix_caching.py`` (vllm-project/vllm at
+003df29) step by step: ``test_prefill``, ``test_prefill_plp`` (its duplicate-block part), ``test_decode``,
+``test_evict``, ``test_hash_block_correct_reuse`` and ``test_computed_blocks_not_evicted``. The scenario and
+the numbers are vLLM's, the code is ours. vLLM's pool reserves block 0 as its null block, so its block ids
+are ours + 1; vLLM hashes token ids, the tests here name each distinct block content by an integer. The
+other cases check the rules of ``vllm/v1/core/block_pool.py`` (free_blocks, BlockHashToBlockMap) and of
+``Request.block_hashes`` (extended as outputs fill blocks) at vllm 6a1acac, as quoted in the docstrings of
+the code they test.
 """
 
 from __future__ import annotations
@@ -104,6 +107,89 @@ def test_prefill_mirrors_vllm() -> None:
     assert kv.allocate(req3, 160) is not None
     assert [b + 1 for b in req3.block_table] == [5, 4, 6, 7, 8, 9, 10, 3, 2, 1]  # the eviction order
     assert kv.pool.num_free == 0
+
+
+def test_prefill_plp_duplicates_mirror_vllm() -> None:
+    """A request that may not take hits (vLLM: prompt logprobs) computes the common blocks again: its
+    copies are hashed like the originals, with other ids, each referenced once."""
+    kv = KVManager(10, BS)
+    common = (11, 12, 13)
+    req0, req1 = _request(0, 55, common), _request(1, 53, common)
+    assert kv.allocate(req0, 55) is not None
+    req0.num_computed_tokens = 55
+    hit = kv.get_computed_blocks(req1)
+    assert kv.allocate(req1, 5, hit) is not None
+    req1.num_computed_tokens = 53
+    kv.free(req0)
+    kv.free(req1)
+    assert [b + 1 for b in kv.pool.free_queue] == [5, 4, 6, 7, 8, 9, 10, 3, 2, 1]
+    req2 = _request(2, 54, common)
+    assert kv.allocate(req2, 54) is not None  # no hit taken
+    assert [b + 1 for b in req2.block_table] != [1, 2, 3, 4]
+    assert [kv.pool.block_hash(b) for b in req2.block_table[:3]] == list(common)
+    assert all(kv.pool.ref_count(b) == 1 for b in req2.block_table)
+
+
+def test_decode_mirrors_vllm() -> None:
+    kv = KVManager(10, BS)
+    req0 = Request(RequestSpec(0, 0.0, 55, 30, block_hashes=(11, 12, 13, 14)))  # 14: the first output block
+    assert kv.allocate(req0, 55) == 4
+    req0.num_computed_tokens = 55
+    req0.num_output_tokens = 4
+    assert kv.allocate(req0, 4) == 0  # append slots without a new block
+    assert kv.pool.block_hash(req0.block_table[-1]) is None
+    req0.num_computed_tokens = 59
+    req0.num_output_tokens += 19  # 9 tokens fill the last block, 10 start a new one
+    assert kv.allocate(req0, 19) == 1
+    assert kv.pool.block_hash(req0.block_table[-2]) == 14 and kv.pool.block_hash(req0.block_table[-1]) is None
+
+
+def test_evict_mirrors_vllm() -> None:
+    kv = KVManager(10, BS)
+    req0 = _request(0, 5 * 16 + 7, (1, 2, 3, 4, 5))
+    assert kv.allocate(req0, 87) == 6  # 5 full + 1 partial
+    req0.num_computed_tokens = 87
+    req1 = _request(1, 3 * 16, (6, 7, 8))
+    assert kv.allocate(req1, 48) == 3
+    req1.num_computed_tokens = 48
+    assert kv.pool.num_free == 1
+    kv.free(req0)
+    # partial blocks (without hash) at the head, the others at the tail (LRU)
+    assert [b + 1 for b in kv.pool.free_queue] == [6, 10, 5, 4, 3, 2, 1]
+    kv.free(req1)
+    assert [b + 1 for b in kv.pool.free_queue] == [6, 10, 5, 4, 3, 2, 1, 9, 8, 7]
+    req2 = _request(2, 2 * 16 + 3, (1, 2))  # touch the first 2 blocks
+    hit = kv.get_computed_blocks(req2)
+    assert [b + 1 for b in hit] == [1, 2]
+    assert kv.allocate(req2, 3, hit) == 1
+    assert req2.block_table[-1] + 1 == 6
+    assert kv.pool.num_free == 7
+
+
+def test_hash_block_correct_reuse_mirrors_vllm() -> None:
+    kv = KVManager(1, BS)
+    req = _request(0, 16, (1,))
+    assert kv.allocate(req, 16) == 1
+    req.num_computed_tokens = 16
+    kv.free(req)
+    again = _request(1, 15, ())  # not full: the reused block must lose its old hash
+    assert kv.allocate(again, 15) == 1
+    assert kv.pool.block_hash(again.block_table[0]) is None and kv.pool.get_cached_block(1) is None
+
+
+def test_computed_blocks_not_evicted_mirrors_vllm() -> None:
+    kv = KVManager(2, BS)
+    req0, req1 = _request(0, 16, (1,)), _request(1, 16, (2,))
+    assert kv.allocate(req0, 16) == 1 and req0.block_table[0] + 1 == 1
+    assert kv.allocate(req1, 16) == 1 and req1.block_table[0] + 1 == 2
+    req0.num_computed_tokens = req1.num_computed_tokens = 16
+    kv.free(req0)
+    kv.free(req1)
+    req2 = _request(2, 32, (1, 3))  # a hit on the first block: the other free block is evicted, not it
+    hit = kv.get_computed_blocks(req2)
+    assert [b + 1 for b in hit] == [1]
+    assert kv.allocate(req2, 16, hit) == 1
+    assert req2.block_table[-1] + 1 == 2
 
 
 def test_free_queue_order_after_a_request_finishes() -> None:
