@@ -134,13 +134,40 @@ class _Requests:
         self.end_s = max((float(a.max()) for a in ends if a.size), default=0.0)
 
 
+LOG_X_SPREAD = 30.0
+"""A CDF's x axis turns logarithmic when its values span more than this factor (1st percentile of the
+fastest variant to the 99th of the slowest): variants 100× apart would otherwise collapse onto the axis."""
+
+
 def _cdf_figure(result: RunResult, reqs: dict[str, _Requests], metric: str, label: str) -> go.Figure:
-    fig = _figure(f"{label} CDF (completed requests)", f"{label} (ms)", "fraction of requests", hovermode="closest")
+    fig = _figure(f"{label} CDF (completed requests)", f"{label} (ms)", "fraction of requests", hovermode="closest",
+                  title_x=0.01, legend={"orientation": "h", "y": -0.25})
+    lows, highs = [], []
     for i, name in enumerate(result.variants):
-        x, y = _cdf(reqs[name].latency_ms[metric])
+        values = reqs[name].latency_ms[metric]
+        x, y = _cdf(values)
         fig.add_trace(go.Scatter(x=_f32(x), y=_f32(y), mode="lines", name=name, line={"color": _color(i)}))
+        positive = values[np.isfinite(values) & (values > 0)]
+        if positive.size:
+            lows.append(float(np.percentile(positive, 1)))
+            highs.append(float(np.percentile(positive, 99)))
     fig.update_yaxes(range=[0, 1.01])
+    if lows and min(lows) > 0 and max(highs) / min(lows) > LOG_X_SPREAD:
+        fig.update_xaxes(type="log")
+    for threshold in _slo_thresholds(result, metric):
+        fig.add_vline(x=threshold, line_dash="dash", line_color="#c0392b",
+                      annotation_text=f"SLO {threshold:g} ms", annotation_position="top left")
     return fig
+
+
+def _slo_thresholds(result: RunResult, metric: str) -> list[float]:
+    """The distinct SLO thresholds on ``metric`` (e.g. 'ttft_ms') of the run's variants: the resolved
+    scenario is recorded per variant (or, from the API, as one scenario with a top-level ``slo``)."""
+    records = result.scenario if isinstance(result.scenario, dict) else {}
+    sections = [records.get("slo")] + [r.get("slo") for r in records.values() if isinstance(r, dict)]
+    found = {float(v) for sec in sections if isinstance(sec, dict)
+             for v in [sec.get(metric)] if isinstance(v, int | float) and not isinstance(v, bool) and v > 0}
+    return sorted(found)
 
 
 def _throughput_figure(result: RunResult, reqs: dict[str, _Requests], end_s: float) -> go.Figure:

@@ -138,3 +138,31 @@ def test_degenerate_runs_render(num_requests: int) -> None:
     )
     page = render_report(result)
     assert 'id="ttft-cdf"' in page and "SLO missed" in page
+
+
+def test_cdfs_draw_the_slo_and_go_logarithmic_when_variants_spread() -> None:
+    from simulator.results.report import build_figures
+
+    base = make_result(variants=2)
+    slow = base.variants["variant-1"]
+    # The second variant 100× slower: its TTFT column scaled by stretching first_token_s.
+    cols = slow.requests.columns()
+    stretched = dict(cols)
+    stretched["first_token_s"] = cols["arrival_s"] + (cols["first_token_s"] - cols["arrival_s"]) * 100
+    stretched["finish_s"] = np.maximum(cols["finish_s"], stretched["first_token_s"])
+    slow_log = RequestLog.from_columns({k: stretched[k] for k in (
+        "arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "replica", "prompt_tokens",
+        "output_tokens", "rejected")})
+    variants = {"variant-0": base.variants["variant-0"],
+                "variant-1": VariantResult(name="variant-1", requests=slow_log, series=slow.series,
+                                           summary=slow.summary, profile=slow.profile)}
+    slo = {"slo": {"ttft_ms": 300, "tpot_ms": 40, "e2e_ms": None}}
+    # The resolved scenario is recorded per variant, as simulation.run writes it.
+    result = RunResult(scenario_name="spread", variants=variants, scenario={"variant-0": slo, "variant-1": slo})
+    figures = build_figures(result)
+    ttft = figures["ttft-cdf"]
+    assert ttft.layout.xaxis.type == "log"
+    assert any(shape.x0 == 300 for shape in ttft.layout.shapes)
+    assert build_figures(base)["ttft-cdf"].layout.xaxis.type != "log"  # variants close together: linear
+    assert any(shape.x0 == 40 for shape in figures["tpot-cdf"].layout.shapes)
+    assert not figures["e2e-cdf"].layout.shapes  # no E2E threshold set
