@@ -318,13 +318,29 @@ def pick_profile(fleet: FleetConfig) -> Profile:
     chosen = candidates[0] if candidates else None
     if chosen is None:
         _check_weights_fit(fleet)
-        same_model = [n for n in list_profiles() if f"-{fleet.model}-tp" in n]
-        raise ConfigError(
-            f"no shipped profile for {fleet.hardware} / {fleet.model} / tp {fleet.tp} (a model that does not "
-            f"fit this memory has none); shipped for {fleet.model}: {', '.join(same_model) or 'none'}",
-            field="fleet",
-        )
+        raise ConfigError(_no_profile_message(fleet), field="fleet.tp" if fleet.tp & (fleet.tp - 1) else "fleet")
     return load_profile(chosen)
+
+
+def _no_profile_message(fleet: FleetConfig) -> str:
+    """Why no shipped profile matches: the TP degrees there are for this model, here and on other GPUs,
+    and, for a TP degree that cannot split the heads, that rule first."""
+    import re
+
+    degrees: dict[str, set[int]] = {}
+    for name in list_profiles():
+        match = re.fullmatch(rf"([a-z0-9]+)-{re.escape(fleet.model)}-tp(\d+)-.*", name)
+        if match:
+            degrees.setdefault(match.group(1), set()).add(int(match.group(2)))
+    here = sorted(degrees.get(fleet.hardware.lower(), set()))
+    elsewhere = sorted(set().union(*degrees.values()) - set(here)) if degrees else []
+    shipped = (f"shipped tp for {fleet.model} on {fleet.hardware}: {', '.join(map(str, here)) or 'none'}"
+               + (f"; on other GPUs also {', '.join(map(str, elsewhere))}" if elsewhere else ""))
+    if fleet.tp & (fleet.tp - 1):
+        return (f"tp {fleet.tp} cannot split {fleet.model}'s attention heads evenly (tensor parallelism needs "
+                f"tp to divide the head count, a power of two for every catalogue model); {shipped}")
+    return (f"no shipped profile for {fleet.hardware} / {fleet.model} / tp {fleet.tp}; {shipped} (name one with "
+            f"fleet.profile, or make one: fleetsim calibrate, --from-published vidur for A100 and H100)")
 
 
 def _check_weights_fit(fleet: FleetConfig) -> None:

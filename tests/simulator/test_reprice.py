@@ -104,3 +104,13 @@ def test_vllm_preset_takes_the_gpus_serve_defaults(tmp_path: Path, hardware: str
     path.write_text(yaml.safe_dump(data))
     config = resolve_replica(load_scenario(path).scenario).scheduler
     assert config.max_num_seqs == 64 and config.max_num_batched_tokens == 8192  # the preset's own
+
+
+def test_a_tp_that_cannot_split_the_heads_says_so(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:  # loading validates every variant's replica setup
+        load_scenario(_scenario(tmp_path, {"hardware": "H200", "model": "llama-3-8b", "tp": 3}))
+    message = str(err.value)
+    assert err.value.field == "fleet.tp" and "cannot split" in message and "on other GPUs also 2, 4, 8" in message
+    with pytest.raises(ConfigError) as err:
+        load_scenario(_scenario(tmp_path, {"hardware": "H200", "model": "llama-3-8b", "tp": 2}))
+    assert "no shipped profile for H200 / llama-3-8b / tp 2" in str(err.value) and "on H200: 1" in str(err.value)
