@@ -77,7 +77,7 @@ def _print_front(frame: Any, keys: list[str], latency: str) -> None:
 
 def register(subparsers: Any) -> None:
     """Add ``plan`` and ``sweep`` to the CLI's subparsers."""
-    from simulator.planning.plan import DEFAULT_SEEDS
+    from simulator.planning import DEFAULT_SEEDS
 
     p = subparsers.add_parser("plan", help="smallest fleet meeting an SLO, one replica's knee, cost, sensitivity")
     p.add_argument("scenario", help="scenario YAML file")

@@ -46,7 +46,7 @@ def format_table(rows: dict[str, dict[str, Any]]) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from simulator.results.run_folder import check_writable, save_run
+    from simulator.results.run_folder import RunFiles, check_writable, save_run
     from simulator.scenario import load_scenario, resolve_replica, vllm_gpu_defaults
     from simulator.simulation import run
 
@@ -58,7 +58,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = run(loaded, progress=progress)
     finally:
         close()
-    saved = save_run(result, out, overwrite=args.overwrite)
+    files = RunFiles.SUMMARY if args.summary_only else RunFiles.NO_REPORT if args.no_report else RunFiles.ALL
+    saved = save_run(result, out, overwrite=args.overwrite, files=files)
     rows = {name: v.summary.to_dict() for name, v in result.variants.items()}
     print(format_table(rows))
     base = resolve_replica(loaded.scenario)
@@ -73,7 +74,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         verdict = summary.get("slo_met")
         if verdict is not None and loaded.scenario.slo is not None:
             print(f"SLO {'met' if verdict else 'NOT met'} by {name}: attainment {summary['slo_attainment']:.3f}")
-    print(f"report: {saved / 'report.html'}")
+    print(f"report: {saved / 'report.html'}" if files is RunFiles.ALL else f"results: {saved}")
     return 0
 
 
@@ -86,4 +87,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--seed", type=int, help="override the scenario's seed")
     p.add_argument("--overwrite", action="store_true", help="write into an existing non-empty --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    files = p.add_mutually_exclusive_group()
+    files.add_argument("--no-report", action="store_true", help="write the tables and summary.json, no report.html")
+    files.add_argument("--summary-only", action="store_true",
+                       help="write summary.json alone (sweep workers, scripts: the quickest start and save)")
     p.set_defaults(func=cmd_run)

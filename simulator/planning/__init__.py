@@ -4,3 +4,8 @@ or Ray and merges the table.
 
 May import everything below it (``scenario``, ``fleet`` and the packages under them); never ``cli``.
 """
+
+DEFAULT_SEEDS = 2
+"""Seeds per point: two give a confidence interval (wide, and the verdict says when the answer is within
+it) at one simulation per core on a 2-core machine; three would take two rounds there. Defined here, not in
+``plan``, so the command line can show it without importing the planner (and pandas) at start-up."""

@@ -64,9 +64,7 @@ DEFAULT_MAX_REPLICAS = 64
 DEFAULT_SENSITIVITY = (0.9, 1.1)
 
 
-DEFAULT_SEEDS = 2
-"""Seeds per point: two give a confidence interval (wide, and the verdict says when the answer is within
-it) at one simulation per core on a 2-core machine; three would take two rounds there."""
+from simulator.planning import DEFAULT_SEEDS  # noqa: E402  (re-exported: the planner's default)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,10 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # --------------------------------------------------------------------------------------------------------
 # Per-request log (hot path)
@@ -231,6 +233,8 @@ class RequestLog:
         Latencies are NaN where undefined (not finished, or TPOT of a one-token answer); ``replica`` and
         ``session_id`` are nullable integers, missing when not routed or not in a session.
         """
+        import pandas as pd  # here, not at import: a run that writes only its summary never needs it
+
         c = self.columns()
         keep = ~np.isnan(c["arrival_s"])
         ids = np.flatnonzero(keep)

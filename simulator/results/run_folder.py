@@ -24,20 +24,40 @@ import os
 import re
 import shutil
 import tempfile
+from enum import StrEnum
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from simulator.errors import ConfigError
-from simulator.results.report import render_report
 from simulator.results.run_result import RunResult
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+class RunFiles(StrEnum):
+    """What a save writes. Workers of a sweep need only the summary; a report costs plotly's import."""
+
+    ALL = "all"
+    """requests and series tables, summary.json and report.html."""
+    NO_REPORT = "no-report"
+    """The tables and summary.json."""
+    SUMMARY = "summary"
+    """summary.json alone."""
+
+
+RUN_FILE_NAMES = frozenset({"requests.parquet", "requests.csv", "series.parquet", "series.csv", "summary.json",
+                            "report.html"})
+"""Every file a save may write: an earlier run's copy of one is never carried into a new save, even one
+that writes fewer (a report of the old run beside the new summary would mislead)."""
 
 _RENAME_EXCHANGE = 2
 """``renameat2``'s flag that swaps two paths atomically (Linux 3.15+, on most local file systems)."""
 
 
-def save_run(result: RunResult, out_dir: Path, *, overwrite: bool = False) -> Path:
-    """Write requests, series, summary.json and report.html into ``out_dir``; returns ``out_dir``.
+def save_run(result: RunResult, out_dir: Path, *, overwrite: bool = False, files: RunFiles = RunFiles.ALL) -> Path:
+    """Write requests, series, summary.json and report.html (or the subset ``files`` names) into
+    ``out_dir``; returns ``out_dir``.
 
     A non-empty ``out_dir`` is refused unless ``overwrite``; with it, only the files written here are
     replaced and any other file in the folder is left alone (we never delete a user's files).
@@ -48,7 +68,7 @@ def save_run(result: RunResult, out_dir: Path, *, overwrite: bool = False) -> Pa
     tmp = Path(tempfile.mkdtemp(prefix=_temporary_prefix(out_dir), dir=out_dir.parent))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it private; the renamed folder should read like any other
-        written = _write_files(result, tmp)
+        written = _write_files(result, tmp, files) | RUN_FILE_NAMES
         if not out_dir.exists():
             os.replace(tmp, out_dir)  # one atomic rename on the same filesystem
         else:
@@ -118,15 +138,26 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _write_files(result: RunResult, folder: Path) -> set[str]:
+def _write_files(result: RunResult, folder: Path, files: RunFiles = RunFiles.ALL) -> set[str]:
     """The run's files, written into ``folder``; returns their names."""
-    paths = [
-        _write_table(result.requests_df(), folder / "requests"),
-        _write_table(result.series_df(), folder / "series"),
-    ]
+    names = {"summary.json"}
     (folder / "summary.json").write_text(result.summary_json(), encoding="utf-8")
-    (folder / "report.html").write_text(render_report(result), encoding="utf-8")
-    return {p.name for p in paths} | {"summary.json", "report.html"}
+    if files is RunFiles.SUMMARY:
+        return names
+    names |= {_write_table(result.requests_df(), folder / "requests").name,
+              _write_table(result.series_df(), folder / "series").name}
+    if files is RunFiles.ALL:
+        (folder / "report.html").write_text(render_report(result), encoding="utf-8")
+        names.add("report.html")
+    return names
+
+
+def render_report(result: RunResult) -> str:
+    """``report.render_report``, imported on first use: plotly costs a third of a second to import, and
+    a run that writes no report never pays it."""
+    from simulator.results import report
+
+    return report.render_report(result)
 
 
 def _carry_user_files(old: Path, new: Path, written: set[str]) -> None:

@@ -11,15 +11,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import pandas as pd
 from pydantic import BaseModel
 
 from simulator.results.request_log import RequestLog
 from simulator.results.series import SERIES_COLUMNS, ReplicaSeries
 from simulator.results.summary import Summary
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +85,8 @@ class RunResult:
     def requests_df(self, variant: str | None = None) -> pd.DataFrame:
         """One row per request of ``variant`` (all variants when None) with a leading ``variant`` column
         and derived ``queue_ms``, ``ttft_ms``, ``tpot_ms``, ``e2e_ms``."""
+        import pandas as pd  # not at import: a summary-only run never builds a frame
+
         frames = []
         for v in self._select(variant):
             frame = v.requests.to_frame()
@@ -92,6 +96,8 @@ class RunResult:
 
     def series_df(self, variant: str | None = None) -> pd.DataFrame:
         """Sampled replica state of ``variant`` (all variants when None), one row per replica and time."""
+        import pandas as pd  # not at import: a summary-only run never builds a frame
+
         frames = []
         for v in self._select(variant):
             for s in v.series:
@@ -112,6 +118,8 @@ class RunResult:
 
     def summary_df(self) -> pd.DataFrame:
         """One row per variant, indexed by variant name, columns as in ``Summary.to_dict``."""
+        import pandas as pd  # not at import: a summary-only run never builds a frame
+
         rows = {name: v.summary.to_dict() for name, v in self.variants.items()}
         frame = pd.DataFrame.from_dict(rows, orient="index")
         frame.index.name = "variant"
@@ -119,6 +127,7 @@ class RunResult:
 
     def to_pandas(self) -> pd.DataFrame:
         """Requests of all variants, with a ``variant`` column: the table notebooks start from."""
+
         return self.requests_df()
 
     def summary_json(self) -> str:

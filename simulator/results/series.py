@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # --------------------------------------------------------------------------------------------------------
 # Per-replica time series (hot path)
@@ -140,6 +142,8 @@ class ReplicaSeries:
 
     def to_frame(self) -> pd.DataFrame:
         """Sampled rows with derived ``kv_util`` and windowed / cumulative prefix hit rates."""
+        import pandas as pd  # here, not at import: a run that writes only its summary never needs it
+
         c = self.columns()
         with np.errstate(divide="ignore", invalid="ignore"):
             kv_util = np.where(c["kv_total_blocks"] > 0, c["kv_used_blocks"] / c["kv_total_blocks"], 0.0)

@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from simulator.errors import ConfigError
 
@@ -33,6 +32,9 @@ TRACES_TOKEN = "${traces}"
 
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens per Mooncake ``hash_ids`` entry (FAST'25 release, checked on both shipped files)."""
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class TraceFormat(StrEnum):
@@ -115,6 +117,8 @@ def read_trace(trace_format: TraceFormat | str, path: str | Path, *, max_rows: i
     output_tokens, and hash_ids (lists of 512-token block ids) for Mooncake."""
     rows = load_trace(trace_format, path, max_rows=max_rows)
     arrival = rows.arrival_s if rows.arrival_s is not None else np.full(len(rows), np.nan)
+    import pandas as pd  # not at import: the simulator reads traces without it (this is for notebooks)
+
     frame = pd.DataFrame(
         {"arrival_s": arrival, "prompt_tokens": rows.prompt_tokens, "output_tokens": rows.output_tokens}
     )

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from simulator.core.request import RequestSpec, specs_from_columns
 from simulator.workload.block_keys import BlockKeys, chain_hashes
@@ -15,6 +15,9 @@ from simulator.workload.block_keys import BlockKeys, chain_hashes
 _ITER_CHUNK = 4096
 """Requests whose hashes are computed together while iterating: big enough to amortise numpy calls,
 small enough that a chunk of long prompts stays a few MB."""
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class Workload:
@@ -83,6 +86,8 @@ class Workload:
     def to_pandas(self) -> pd.DataFrame:
         """One row per request: request_id, arrival_s, prompt_tokens, output_tokens, session_id (<NA>
         for none)."""
+        import pandas as pd  # not at import: simulating never builds a frame
+
         return pd.DataFrame(
             {
                 "request_id": np.arange(len(self), dtype=np.int64),

@@ -179,6 +179,30 @@ def test_run_prints_table_and_writes_results(tmp_path: Path, capsys: pytest.Capt
     assert (out / "report.html").stat().st_size > 0
 
 
+def test_summary_only_and_no_report_write_less_and_never_keep_an_old_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario = write(tmp_path, TINY)
+    out = tmp_path / "out"
+    run_ok(capsys, scenario, out)
+    full = json.loads((out / "summary.json").read_text())
+    (out / "notes.txt").write_text("mine")
+    code, _, stderr = fleetsim(capsys, "run", str(scenario), "--out", str(out), "--quiet", "--overwrite",
+                               "--no-report")
+    assert code == 0, stderr
+    names = {p.name for p in out.iterdir()}
+    assert "report.html" not in names and "summary.json" in names and "notes.txt" in names  # the user's file kept
+    assert any(n.startswith("requests.") for n in names)
+    code, _, stderr = fleetsim(capsys, "run", str(scenario), "--out", str(out), "--quiet", "--overwrite",
+                               "--summary-only")
+    assert code == 0, stderr
+    assert {p.name for p in out.iterdir()} == {"summary.json", "notes.txt"}
+    assert json.loads((out / "summary.json").read_text()) == full  # the same run, whatever is written
+    with pytest.raises(SystemExit) as exit_:  # argparse: the two are exclusive
+        fleetsim(capsys, "run", str(scenario), "--summary-only", "--no-report")
+    assert exit_.value.code == 2
+
+
 def test_same_seed_gives_byte_identical_summary_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     scenario = write(tmp_path, TINY)
     run_ok(capsys, scenario, tmp_path / "one")
