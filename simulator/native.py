@@ -106,6 +106,21 @@ _finder: _NativeFinder | None = None
 _loaded_from: Path | None = None
 
 
+NOTICE_ENV = "FLEETSIM_NO_NATIVE_NOTICE"
+"""Set to 1 to silence the pure-Python notice of ``pure_python_notice``."""
+
+
+def pure_python_notice() -> str | None:
+    """The one line a run prints on stderr when it simulates in pure Python although it was not asked to
+    (``FLEETSIM_PURE_PYTHON`` unset): no build of the current sources exists, or it is stale. None when
+    the compiled modules are in use, pure Python was asked for, or the notice is silenced."""
+    if active() or os.environ.get(PURE_ENV, "") not in ("", "0") or os.environ.get(NOTICE_ENV, "") not in ("", "0"):
+        return None
+    return ("note: simulating in pure Python (no native build of these sources): "
+            "pip install -e '.[native]' && fleetsim build-native runs the hot path compiled, several times "
+            f"faster, with the same results; {NOTICE_ENV}=1 silences this")
+
+
 def active() -> bool:
     """Whether this process loads the compiled modules (installed at ``simulator`` import)."""
     return _finder is not None

@@ -4,6 +4,7 @@ the run folder (report.html, summary.json, requests and series)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         if verdict is not None and loaded.scenario.slo is not None:
             print(f"SLO {'met' if verdict else 'NOT met'} by {name}: attainment {summary['slo_attainment']:.3f}")
     print(f"report: {saved / 'report.html'}" if files is RunFiles.ALL else f"results: {saved}")
+    from simulator import native
+
+    notice = native.pure_python_notice()  # after the run: a failed one stays a single line of error
+    if notice is not None:
+        print(notice, file=sys.stderr)
     return 0
 
 

@@ -304,3 +304,23 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--version"])
     assert info.value.code == 0
     assert capsys.readouterr().out.startswith("fleetsim ")
+
+
+def test_a_pure_python_run_says_so_once_unless_silenced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from simulator import native
+
+    scenario = write(tmp_path, TINY)
+    monkeypatch.setattr(native, "active", lambda: False)
+    monkeypatch.delenv(native.PURE_ENV, raising=False)
+    monkeypatch.delenv(native.NOTICE_ENV, raising=False)
+    code, _, stderr = fleetsim(capsys, "run", str(scenario), "--out", str(tmp_path / "a"), "--quiet")
+    assert code == 0 and stderr.count("simulating in pure Python") == 1 and "build-native" in stderr
+    monkeypatch.setenv(native.NOTICE_ENV, "1")
+    code, _, stderr = fleetsim(capsys, "run", str(scenario), "--out", str(tmp_path / "b"), "--quiet")
+    assert code == 0 and "pure Python" not in stderr
+    monkeypatch.delenv(native.NOTICE_ENV)
+    monkeypatch.setenv(native.PURE_ENV, "1")  # asked for: nothing to tell
+    code, _, stderr = fleetsim(capsys, "run", str(scenario), "--out", str(tmp_path / "c"), "--quiet")
+    assert code == 0 and "pure Python" not in stderr
