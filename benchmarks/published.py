@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from calibration.analytic import analytic_profile
 from calibration.engine.configs import get_model
 from calibration.published import vidur
+from calibration.published.attention import AttentionScale, decode_seconds, fit_attention
 from calibration.published.collectives import comm_model, held_out_by_size
 from calibration.published.from_published import fit_published, kernel_models
 from calibration.published.steps import step_parts
@@ -81,12 +83,13 @@ def decode_vs_tp(data: Path, batch: int = 32, context: int = 1024) -> dict[str, 
         fitted = fit_published("llama-2-70b", "A100", tp, data=data)
         parts = fitted.parts
         b = np.array([float(batch)])
-        from calibration.published.attention import AttentionScale, fit_attention
         scale = AttentionScale.to(attention, parts.shape)
+        # The attention fit at this shape: its context term scaled as the profile's rule scales it.
         att = fit_attention(attention)
+        att = replace(att, per_ctx_token=att.per_ctx_token * scale.ctx)
+        attention_s = float(decode_seconds(att, b, b * context)[0])
         composed = float((parts.token_seconds(b) + parts.seq_seconds(b) + parts.comm_seconds(b))[0]
-                         + parts.shape.num_layers * (att.decode_fixed + att.decode_per_seq * batch
-                                                    + att.per_ctx_token * scale.ctx * batch * context))
+                         + parts.shape.num_layers * attention_s)
         profile_s = CostModel(fitted.profile).device_time(shape_of)
         analytic_s = CostModel(analytic_profile("A100", "llama-2-70b", tp)).device_time(shape_of)
         rows[f"tp{tp}"] = {"composed_ms": composed * 1e3, "fitted_profile_ms": profile_s * 1e3,

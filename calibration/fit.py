@@ -252,6 +252,17 @@ TOKEN_KNOTS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 128, 160
 """Knots of a fitted token curve: dense where GEMM efficiency climbs (up to ~1k rows), sparse once linear."""
 
 
+def curve_values(values: np.ndarray, knots: np.ndarray, heights: np.ndarray) -> np.ndarray:
+    """``PiecewiseLinear.at`` over an array: linear between knots, flat before the first, along the last
+    segment past the end."""
+    values = np.asarray(values, dtype=np.float64)
+    inside = np.interp(values, knots, heights)
+    if len(knots) < 2:
+        return inside
+    slope = (heights[-1] - heights[-2]) / (knots[-1] - knots[-2])
+    return np.where(values > knots[-1], heights[-1] + slope * (values - knots[-1]), inside)
+
+
 def hat_basis(values: np.ndarray, knots: np.ndarray) -> np.ndarray:
     """Column j: the weight of knot j in linear interpolation at each value (the curve is linear in its knot
     values), extended along the last segment past the end and flat before the first, as ``PiecewiseLinear``."""
@@ -326,8 +337,7 @@ def fit_curve_device(df: pd.DataFrame, *, offset_s: np.ndarray, knots: tuple[int
 
 def predict_curve(fit: CurveFit, df: pd.DataFrame, offset_s: np.ndarray) -> np.ndarray:
     feats = features(df.assign(device_s=1.0) if "device_s" not in df.columns else df)
-    knots = np.array(fit.token_curve.x)
-    tokens = hat_basis(feats.num_tokens, knots) @ np.array(fit.token_curve.y)
+    tokens = curve_values(feats.num_tokens, np.array(fit.token_curve.x), np.array(fit.token_curve.y))
     return tokens + fit.per_ctx_token_s * feats.ctx_sum + fit.per_attn_pair_s * feats.pairs + offset_s
 
 

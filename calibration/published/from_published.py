@@ -98,7 +98,8 @@ def fit_published(model: str, hardware: str, tp: int, *, data: Path | None = Non
     if table is not None:
         table.at(tp)  # a TP degree the file lacks is an error here, not a silent kernel-model fallback
     kernels, a100 = kernel_models(data, hardware)
-    comm = comm_model(vidur.load_allreduce(data, hardware), shape, tp) if tp > 1 else None
+    allreduce = vidur.load_allreduce(data, hardware) if tp > 1 else None
+    comm = comm_model(allreduce, shape, tp) if allreduce is not None else None
     attention = vidur.load_attention(data)
     attention_fit = fit_attention(attention)
     scale = AttentionScale.to(attention, shape, gpu=kernels, a100=a100)
@@ -127,7 +128,7 @@ def fit_published(model: str, hardware: str, tp: int, *, data: Path | None = Non
     host, overlap = _host_terms(engine)
     hw = get_accelerator(hardware, load_hardware())
     memory = memory_figures(hw, shape, where="model")
-    files = _sources(data, hardware, table, kernels, attention.source, comm)
+    files = _sources(table, kernels, attention.source, allreduce)
     origin = ("this model's own rows" if table is not None else
               "no rows of this model: the kernel model of the other models predicts its operators from its shape")
     profile = Profile(
@@ -185,18 +186,14 @@ def _host_terms(engine: str | None) -> tuple[HostCoefficients, bool]:
     return engines.host_coefficients(engine)
 
 
-def _sources(data: Path, hardware: str, table: vidur.OperatorTable | None, kernels: KernelModel,
-             attention: SourceFile, comm: object) -> tuple[SourceFile, ...]:
-    files: list[SourceFile] = []
-    if table is not None:
-        files.append(table.source)
-    for model in kernels.trained_on:
-        other = vidur.load_operators(data, hardware, model).source
-        if all(f.path != other.path for f in files):
-            files.append(other)
+def _sources(table: vidur.OperatorTable | None, kernels: KernelModel, attention: SourceFile,
+             allreduce: vidur.AllReduceCurves | None) -> tuple[SourceFile, ...]:
+    """Every file the profile read: the model's own rows first, then the kernel model's training files."""
+    files = [table.source] if table is not None else []
+    files += [f for f in kernels.sources if all(f.path != g.path for g in files)]
     files.append(attention)
-    if comm is not None:
-        files.append(vidur.load_allreduce(data, hardware).source)
+    if allreduce is not None:
+        files.append(allreduce.source)
     return tuple(files)
 
 

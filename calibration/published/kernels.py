@@ -32,6 +32,7 @@ import pandas as pd
 
 from calibration.engine.configs import ModelShape, get_model
 from calibration.published.vidur import ELEMENTWISE_OPS, EMBEDDING_OP, GEMM_OPS, OperatorTable
+from simulator.cost.profile import SourceFile
 
 
 def gemm_dims(shape: ModelShape, op: str) -> tuple[int, int]:
@@ -73,6 +74,8 @@ class KernelModel:
 
     hardware: str
     trained_on: tuple[str, ...]
+    sources: tuple[SourceFile, ...]
+    """The operator files it was fitted on (sha256 and rows used), for a profile's provenance."""
     rows: np.ndarray
     """Token counts M at which a(M), b(M) were fitted, ascending."""
     gemm_fixed: np.ndarray
@@ -152,6 +155,7 @@ def fit_kernels(tables: Sequence[OperatorTable]) -> KernelModel:
     return KernelModel(
         hardware=hardware,
         trained_on=tuple(t.model for t in tables),
+        sources=tuple(t.source for t in tables),
         rows=np.array(ms),
         gemm_fixed=np.array(fixed),
         gemm_per_param=np.array(per_param),

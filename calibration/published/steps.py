@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from calibration.engine.configs import ModelShape, get_model
+from calibration.fit import curve_values
 from calibration.published.attention import AttentionFit, AttentionScale, scaled_rows
 from calibration.published.kernels import KernelModel
 from calibration.published.vidur import (
@@ -52,7 +53,7 @@ class StepParts:
         """Seconds of one layer's non-attention operators at each token count."""
         if self.table is not None:
             measured_tokens, seconds = self.table.layer_seconds(self.shape.tp)
-            return _interp_linear(tokens, measured_tokens, seconds)
+            return curve_values(tokens, measured_tokens, seconds)
         ops = [*GEMM_OPS, *ELEMENTWISE_OPS]
         if not self.shape.gated_mlp:
             ops.remove("post_attention_layernorm")
@@ -61,7 +62,7 @@ class StepParts:
     def embedding(self, tokens: np.ndarray) -> np.ndarray:
         if self.table is not None:
             measured_tokens, seconds = self.table.embedding_seconds(self.shape.tp)
-            return _interp_linear(tokens, measured_tokens, seconds)
+            return curve_values(tokens, measured_tokens, seconds)
         return self.kernels.elementwise_op(EMBEDDING_OP, tokens, self.shape.hidden_size)
 
     def token_seconds(self, tokens: np.ndarray) -> np.ndarray:
@@ -78,18 +79,7 @@ class StepParts:
         nbytes = np.asarray(tokens, dtype=np.float64) * comm.bytes_per_token()
         xs = np.array(comm.curve.x)
         ys = np.array(comm.curve.y)
-        return comm.calls_per_step() * _interp_linear(nbytes, xs, ys)
-
-
-def _interp_linear(x: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
-    """Linear between knots, flat before the first, along the last segment past the end (as the profile's
-    ``PiecewiseLinear``)."""
-    x = np.asarray(x, dtype=np.float64)
-    inside = np.interp(x, xs, ys)
-    if len(xs) < 2:
-        return inside
-    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-    return np.where(x > xs[-1], ys[-1] + slope * (x - xs[-1]), inside)
+        return comm.calls_per_step() * curve_values(nbytes, xs, ys)
 
 
 def step_parts(model: str, tp: int, kernels: KernelModel, table: OperatorTable | None,

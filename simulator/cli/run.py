@@ -48,7 +48,7 @@ def format_table(rows: dict[str, dict[str, Any]]) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from simulator.results.run_folder import RunFiles, check_writable, save_run
-    from simulator.scenario import load_scenario, resolve_replica, vllm_gpu_defaults
+    from simulator.scenario import load_scenario, pick_profile, vllm_gpu_defaults
     from simulator.simulation import run
 
     loaded = load_scenario(args.scenario, args.set or [], seed=args.seed)
@@ -63,10 +63,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     saved = save_run(result, out, overwrite=args.overwrite, files=files)
     rows = {name: v.summary.to_dict() for name, v in result.variants.items()}
     print(format_table(rows))
-    base = resolve_replica(loaded.scenario)
-    defaults = vllm_gpu_defaults(loaded.scenario, base.profile)
+    base_profile = pick_profile(loaded.scenario.fleet)
+    defaults = vllm_gpu_defaults(loaded.scenario, base_profile)
     if defaults is not None:
-        print(f"note: vllm preset on {base.profile.hardware}: vllm serve's defaults for this GPU, "
+        print(f"note: vllm preset on {base_profile.hardware}: vllm serve's defaults for this GPU, "
               f"max_num_batched_tokens {defaults[0]}, max_num_seqs {defaults[1]}")
     for variant in result.variants.values():
         if variant.profile.kind != "measured":

@@ -43,10 +43,6 @@ class PiecewiseLinear(BaseModel):
         """The curve at ``value``: interpolated between knots, extrapolated along the last segment."""
         return interpolate(self.x, self.y, value)
 
-    def scaled(self, factor: float) -> PiecewiseLinear:
-        """The same curve with every value multiplied by ``factor``."""
-        return PiecewiseLinear(x=self.x, y=tuple(v * factor for v in self.y))
-
     @property
     def last_slope(self) -> float:
         """Slope of the last segment (0 for a single knot): what the curve adds per unit past its end."""

@@ -26,8 +26,6 @@ from simulator.cost.curve import PiecewiseLinear
 from simulator.cost.dtypes import KvDtype, WeightDtype
 from simulator.cost.profile import Accelerator, Profile
 
-SIXTEEN_BIT = 2
-
 
 def repriced_curve(curve: PiecewiseLinear, bytes_ratio: float, rate_ratio: float) -> PiecewiseLinear:
     floor = curve.y[0]
