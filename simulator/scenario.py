@@ -23,6 +23,7 @@ from simulator import yaml_text
 from simulator.core.config import Batching, KVPolicy, Preemption, QueuePolicy, SchedulerConfig
 from simulator.core.presets import PRESETS
 from simulator.cost.dtypes import KvDtype, WeightDtype
+from simulator.cost.engines import host_coefficients
 from simulator.cost.kv_pool import serve_defaults
 from simulator.cost.profile import Profile, config_error_from_validation, get_accelerator, list_profiles, load_profile
 from simulator.cost.reprice import at_dtypes
@@ -93,6 +94,9 @@ class EngineConfig(_Section):
     """TGI: with a batch running, prefill only when waiting/running reaches this."""
     max_waiting_steps: int | None = Field(default=None, ge=0)
     """TGI's max_waiting_tokens: decode steps after which a prefill is forced."""
+    async_scheduling: bool | None = None
+    """vLLM v1's async scheduling: step n+1 is scheduled while step n runs, so finishes and arrivals take
+    effect a step later while host work overlaps the device (chunked batching, recompute preemption)."""
     kv: KVConfig = KVConfig()
 
 
@@ -415,7 +419,16 @@ def resolve_replica(scenario: Scenario) -> ReplicaSetup:
         "kv_policy": kv.policy,
         "block_size": kv.block_size,
         "preemption": kv.preemption,
+        "async_scheduling": engine.async_scheduling,
     }
+    settings = {**{f: getattr(config, f) for f in explicit}, **{k: v for k, v in explicit.items() if v is not None}}
+    if settings["async_scheduling"] and (settings["batching"] is not Batching.CHUNKED
+                                         or settings["preemption"] is not Preemption.RECOMPUTE):
+        raise ConfigError(
+            f"async scheduling is vLLM v1's: it needs batching chunked and preemption recompute, not "
+            f"{settings['batching']} and {settings['preemption']}",
+            field="engine.async_scheduling",
+        )
     config = replace(config, **{k: v for k, v in explicit.items() if v is not None})
     block_size = config.block_size
     num_blocks = kv.num_blocks or profile.kv_capacity_blocks(block_size, kv.memory_fraction)
@@ -443,6 +456,31 @@ def resolve_replica(scenario: Scenario) -> ReplicaSetup:
     host_blocks = int(kv.swap_space_gib * 2**30 // (profile.memory.kv_bytes_per_token * block_size))
     config = replace(config, num_blocks=num_blocks, max_model_len=max_model_len, num_host_blocks=host_blocks)
     return ReplicaSetup(profile=profile, scheduler=config)
+
+
+HOST_ENGINE_OF_PRESET: dict[str, str] = {"tgi": "tgi", "trtllm": "trtllm", "trtllm-max-util": "trtllm"}
+"""The host-overhead preset (calibration/engines.yaml) of each scheduler preset other than vLLM's, whose host
+preset follows its scheduling mode: vllm-v1-async under async scheduling, vllm-v1 without."""
+
+
+def host_engine(preset: str | None, async_scheduling: bool) -> str:
+    """The engines.yaml preset whose host overhead a replica of this scheduler preset pays per step."""
+    if preset in HOST_ENGINE_OF_PRESET:
+        return HOST_ENGINE_OF_PRESET[preset]
+    return "vllm-v1-async" if async_scheduling else "vllm-v1"
+
+
+def with_engine_host(profile: Profile, preset: str | None, async_scheduling: bool) -> Profile:
+    """``profile`` with the host term of the engine the scenario runs, when the profile's host term is an
+    engine preset's (fitted-published and analytic profiles); a measured profile keeps its measured host
+    term. An engine that overlaps host work with the device does so only when it schedules ahead."""
+    if profile.host_s.engine is None:
+        return profile
+    name = host_engine(preset, async_scheduling)
+    if name == profile.host_s.engine:
+        return profile
+    coefficients, overlap = host_coefficients(name)
+    return profile.model_copy(update={"host_s": coefficients, "overlap_host": overlap})
 
 
 BYTES_PER_REQUEST = 2_200

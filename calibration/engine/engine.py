@@ -153,6 +153,8 @@ class Engine:
         self._ignore_eos: dict[int, bool] = {}
         self._host_kv: dict[int, torch.Tensor] = {}
         """Swap-out handles of swapped requests."""
+        self._queued: StepPlan | None = None
+        """Async scheduling: the plan scheduled during the last step, run by the next one."""
 
     def now(self) -> float:
         """Seconds on the engine clock."""
@@ -201,27 +203,36 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or self._queued is not None
 
     # ----- steps -----------------------------------------------------------------------------------
 
     def step(self) -> StepRecord:
-        """Schedule and run one step; returns its record (also appended to ``records``)."""
+        """Schedule and run one step; returns its record (also appended to ``records``).
+
+        Under async scheduling (``SchedulerConfig.async_scheduling``) the plan run is the one scheduled
+        during the previous step, and the next plan is scheduled after this step's forward but before its
+        output is processed (``update``): vLLM's order, where step n+1 is scheduled while step n runs. The
+        model needs step n's sampled tokens as step n+1's inputs, which a forward run to completion has."""
         start = self._clock()
-        plan = self.scheduler.schedule()
+        scheduler = self.scheduler
+        asynchronous = self.config.async_scheduling
+        plan = self._queued if asynchronous and self._queued is not None else scheduler.schedule()
+        self._queued = None
         swap_s = self._swap(plan)
         events: list[TokenEvent] = []
         stopped: set[int] = set()
         device_s = 0.0
-        if plan.requests:
-            seqs, input_ids = self._step_inputs(plan)
+        live = [r for r in plan.requests if r.status is not RequestStatus.FINISHED]  # async: stopped meanwhile
+        if live:
+            rows = [i for i, r in enumerate(plan.requests) if r.status is not RequestStatus.FINISHED]
+            seqs, input_ids = self._step_inputs(plan, rows)
             sampled, timing = self.runner.execute_timed(seqs, input_ids)
             device_s = timing.device_s
             now = self._clock() - self._t0
-            for request, n, c, token in zip(
-                plan.requests, plan.num_new_tokens, plan.num_computed_tokens, sampled, strict=True
-            ):
-                if c + n < request.num_tokens:
+            for i, token in zip(rows, sampled, strict=True):
+                request = plan.requests[i]
+                if not self._samples(plan, i):
                     continue  # a prompt chunk short of the end: its logits are not a next token
                 token = self._next_token(request.request_id, token)
                 self.token_ids[request.request_id].append(token)
@@ -229,12 +240,24 @@ class Engine:
                 events.append(TokenEvent(request.request_id, token, now))
                 if token == self.eos_token_id and not self._ignore_eos[request.request_id]:
                     stopped.add(request.request_id)
-        finished = self.scheduler.update(plan, stopped)
+        if asynchronous and scheduler.has_work:
+            queued = scheduler.schedule()
+            # An empty plan (every request's last token in flight) is a no-op: the next step schedules anew.
+            self._queued = None if queued.is_empty else queued
+        finished = scheduler.update(plan, stopped)
         for request in finished:
             self._forget(request.request_id)
         record = self._record(plan, events, start, device_s, swap_s)
         self.records.append(record)
         return record
+
+    @staticmethod
+    def _samples(plan: StepPlan, row: int) -> bool:
+        """Whether the step samples a token for this row: fixed at scheduling under async scheduling,
+        else whether the row's computed tokens reach the request's tokens."""
+        if plan.sampled is not None:
+            return plan.sampled[row]
+        return plan.num_computed_tokens[row] + plan.num_new_tokens[row] >= plan.requests[row].num_tokens
 
     def _swap(self, plan: StepPlan) -> float:
         """Run the plan's swap copies: out before in (a swapped-out block may be reused this step)."""
@@ -247,10 +270,11 @@ class Engine:
             self.runner.swap_in(self._host_kv.pop(op.request_id), op.block_ids)
         return self._clock() - start
 
-    def _step_inputs(self, plan: StepPlan) -> tuple[list[ScheduledSeq], list[int]]:
+    def _step_inputs(self, plan: StepPlan, rows: Sequence[int]) -> tuple[list[ScheduledSeq], list[int]]:
         seqs, input_ids = [], []
         kv = self.scheduler.kv
-        for request, n, c in zip(plan.requests, plan.num_new_tokens, plan.num_computed_tokens, strict=True):
+        for i in rows:
+            request, n, c = plan.requests[i], plan.num_new_tokens[i], plan.num_computed_tokens[i]
             tokens = self.token_ids[request.request_id]
             if c + n > len(tokens):
                 raise RuntimeError(f"plan asks for tokens {c}..{c + n} of request {request.request_id}, "
@@ -289,7 +313,7 @@ class Engine:
 
     def stream(self) -> Iterator[TokenEvent]:
         """Run steps until no work is left, yielding each generated token as its step ends."""
-        while self.scheduler.has_work:
+        while self.has_work:
             yield from self._checked_step().events
 
     def run(self, until_done: bool = True, max_steps: int | None = None) -> list[StepRecord]:
@@ -297,7 +321,7 @@ class Engine:
         ``max_steps`` caps either. Returns the records of the steps run."""
         limit = max_steps if max_steps is not None else (None if until_done else 1)
         out: list[StepRecord] = []
-        while self.scheduler.has_work and (limit is None or len(out) < limit):
+        while self.has_work and (limit is None or len(out) < limit):
             out.append(self._checked_step())
         return out
 

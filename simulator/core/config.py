@@ -77,6 +77,13 @@ class SchedulerConfig:
     """Freed blocks without a hash go to the front of the free queue (handed out first, so cached
     prefixes live longer), as vLLM v1 does since 2025 (block_pool.py ``prepend_n``); False = every freed
     block to the tail (the older order)."""
+    async_scheduling: bool = False
+    """vLLM v1's async scheduling (``--async-scheduling``, the default of recent vLLM): step n+1 is
+    scheduled while step n runs, before step n's output is processed. The scheduler counts the tokens a
+    step in flight will sample as placeholders, so each step's decisions see the previous step's tokens as
+    computed but its finishes (freed blocks and seats) and new arrivals only one step later
+    (vllm/v1/core/sched/async_scheduler.py and vllm/v1/engine/core.py ``step_with_batch_queue`` at
+    vllm-project/vllm 014b235 / 00080ee). Chunked batching with recompute preemption only, as in vLLM v1."""
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1:
@@ -85,6 +92,9 @@ class SchedulerConfig:
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        if self.async_scheduling and (self.batching is not Batching.CHUNKED
+                                      or self.preemption is not Preemption.RECOMPUTE):
+            raise ValueError("async_scheduling needs chunked batching and recompute preemption (vLLM v1's)")
 
     @property
     def prefix_caching(self) -> bool:

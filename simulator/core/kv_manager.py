@@ -174,6 +174,17 @@ class KVManager:
         # Index every block that is full once this step's tokens are computed (optimistic, as vLLM: the
         # step that computes them runs before any later lookup can be served).
         num_done = request.num_computed_tokens + num_hit_blocks * self.block_size + num_new_tokens
+        self._cache_until(request, blocks, num_done)
+
+    def cache_known_blocks(self, request: Request) -> None:
+        """Async scheduling, as a sampled token is delivered: index the blocks now full of known tokens
+        whose KV is computed or being computed (vLLM's ``cache_blocks(request, num_computed_tokens -
+        num_output_placeholders)``)."""
+        if self.enable_caching and request.block_hashes:
+            num_done = request.num_computed_tokens - request.num_output_placeholders
+            self._cache_until(request, request.block_table, num_done)
+
+    def _cache_until(self, request: Request, blocks: list[int], num_done: int) -> None:
         num_full = min(min(num_done, request.num_tokens) // self.block_size, len(request.block_hashes))
         start = request.num_indexed_blocks
         if num_full <= start:

@@ -77,6 +77,7 @@ class Request:
         "num_cached_tokens",
         "num_computed_tokens",
         "num_indexed_blocks",
+        "num_output_placeholders",
         "num_output_tokens",
         "num_preemptions",
         "num_prompt_tokens",
@@ -104,6 +105,9 @@ class Request:
         self.max_output_tokens: i64 = spec.output_tokens
         self.num_output_tokens: i64 = 0
         self.num_computed_tokens: i64 = 0
+        self.num_output_placeholders: i64 = 0
+        """Async scheduling: tokens that steps in flight will sample for this request, not yet produced
+        (vLLM's ``num_output_placeholders``). Always 0 under synchronous scheduling."""
         self.num_cached_tokens = 0
         """Prompt tokens served from the prefix cache at first admission."""
         self.num_preemptions = 0

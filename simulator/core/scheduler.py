@@ -152,12 +152,36 @@ class Scheduler:
             self._schedule_continuous(plan)
         else:
             self._schedule_static(plan)
+        if self.config.async_scheduling:
+            self._commit(plan)
         return plan
+
+    def _commit(self, plan: StepPlan) -> None:
+        """Async scheduling: the plan's tokens count as computed from the moment it is scheduled, and each
+        row that reaches its end will sample a token, held as a placeholder until ``update`` delivers it
+        (vLLM's ``Scheduler._update_after_schedule`` and ``AsyncScheduler._update_after_schedule``). The
+        next plan, scheduled while this one runs, then continues every request from there."""
+        sampled: list[bool] = []
+        rows = plan.requests
+        rows_new = plan.num_new_tokens
+        for index in range(plan.num_rows()):
+            request = rows[index]
+            computed = request.num_computed_tokens + rows_new[index]
+            request.num_computed_tokens = computed
+            placeholders = request.num_output_placeholders
+            if computed >= request.num_prompt_tokens + request.num_output_tokens + placeholders:
+                request.num_output_placeholders = placeholders + 1
+                sampled.append(True)
+            else:
+                sampled.append(False)  # a prompt chunk short of the end
+        plan.sampled = sampled
 
     def update(self, plan: StepPlan, stopped_ids: Collection[int] = ()) -> list[Request]:
         """Account a finished step: computed tokens catch up; a request whose computed tokens reach its
         tokens samples one more; it finishes at its output length (or when the engine says it stopped,
         e.g. on EOS). Returns the requests that finished, in plan order."""
+        if plan.sampled is not None:
+            return self._update_async(plan, stopped_ids)
         finished: list[Request] = []
         rows = plan.requests
         rows_new = plan.num_new_tokens
@@ -176,6 +200,46 @@ class Scheduler:
                 finished.append(request)
                 plan.finished_ids.append(request.request_id)
         if finished:
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        return finished
+
+    def _update_async(self, plan: StepPlan, stopped_ids: Collection[int]) -> list[Request]:
+        """``update`` of a plan scheduled asynchronously (its tokens were counted computed when it was
+        scheduled): deliver each sampled token, turning a placeholder into an output, index the blocks
+        the token completes, and finish requests at their last token (vLLM's
+        ``AsyncScheduler._update_request_with_output``). A request preempted while the step ran still
+        gets its token (vLLM delivers such stale output, leaving the reset counters alone); one aborted
+        or stopped meanwhile gets nothing."""
+        finished: list[Request] = []
+        sampled = plan.sampled
+        assert sampled is not None
+        rows = plan.requests
+        any_stopped = bool(stopped_ids)
+        any_running = False
+        for index in range(plan.num_rows()):
+            if not sampled[index]:
+                continue
+            request = rows[index]
+            status = request.status
+            if status is RequestStatus.FINISHED:
+                continue
+            outputs = request.num_output_tokens + 1
+            request.num_output_tokens = outputs
+            running = status is RequestStatus.RUNNING
+            if running:
+                request.num_output_placeholders -= 1
+                self.kv.cache_known_blocks(request)
+            if outputs >= request.max_output_tokens or (any_stopped and request.request_id in stopped_ids):
+                if running:
+                    self._finish(request)
+                    any_running = True
+                else:  # preempted while its last token was in flight: it leaves the waiting queue
+                    self.waiting.remove(request)
+                    request.status = RequestStatus.FINISHED
+                    del self.requests[request.request_id]
+                finished.append(request)
+                plan.finished_ids.append(request.request_id)
+        if any_running:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return finished
 
@@ -207,7 +271,7 @@ class Scheduler:
         """
         running = self.running
         cfg = self.config
-        if not running or self.swapped or len(running) > cfg.max_num_batched_tokens:
+        if not running or self.swapped or len(running) > cfg.max_num_batched_tokens or cfg.async_scheduling:
             return 0
         if (self.waiting and cfg.batching is not Batching.STATIC and len(running) < cfg.max_num_seqs
                 and not self._admission_blocked()):
@@ -263,7 +327,13 @@ class Scheduler:
         while i < len(running) and budget > 0:
             request = running[i]
             computed = request.num_computed_tokens
-            num_new = request.num_prompt_tokens + request.num_output_tokens - computed
+            placeholders = request.num_output_placeholders
+            num_new = request.num_prompt_tokens + request.num_output_tokens + placeholders - computed
+            if placeholders and computed + 2 - placeholders >= request.num_prompt_tokens + request.max_output_tokens:
+                # Async scheduling: the step in flight samples its last token; another step would be wasted
+                # (vllm/v1/core/sched/scheduler.py, the running loop's first check).
+                i += 1
+                continue
             if num_new == 1 and kv.appends_in_place(request):
                 # A decode the KV manager needs to do nothing for: schedule it without the allocation.
                 rows.append(request)
@@ -484,6 +554,8 @@ class Scheduler:
         else:
             self.kv.free(victim)
             victim.num_computed_tokens = 0
+            # Async scheduling: a token in flight for it is still delivered (``update``), without placeholder.
+            victim.num_output_placeholders = 0
             victim.status = RequestStatus.PREEMPTED
             self.waiting.push_front(victim)
         return returned

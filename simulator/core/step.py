@@ -77,6 +77,10 @@ class StepPlan:
     """Requests that left the waiting queue in this step (new, or resumed after recompute)."""
     finished_ids: list[int]
     """Filled by ``Scheduler.update``: requests that produced their last token in this step."""
+    sampled: list[bool] | None
+    """Async scheduling: per row, whether the step samples a token for it (its computed tokens reach
+    its tokens), fixed when the plan is scheduled; None under synchronous scheduling, where ``update``
+    reads it off the request."""
     _shape: StepShape | None
 
     def __init__(self, step_id: int) -> None:
@@ -89,6 +93,7 @@ class StepPlan:
         self.swapped_in = []
         self.admitted_ids = []
         self.finished_ids = []
+        self.sampled = None
         self._shape = None
 
     def num_rows(self) -> int:

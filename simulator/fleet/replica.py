@@ -71,6 +71,9 @@ class Replica:
         self._plan: StepPlan | None = None
         """The step in flight on the step-by-step path, and its time."""
         self._step_s = 0.0
+        self._async = config.async_scheduling
+        self._queued: StepPlan | None = None
+        """Async scheduling: the next step, scheduled when the one in flight started (it runs next)."""
         self._run_state: _ActiveRun | None = None
         """The decode run in flight on the fast path."""
         self._run: _ActiveRun | None = None
@@ -145,6 +148,9 @@ class Replica:
     def _next(self) -> None:
         """Start the replica's next step (or decode run) now, or go idle."""
         scheduler = self.scheduler
+        if self._async:
+            self._next_async()
+            return
         if not scheduler.has_work:
             self._idle = True
             return
@@ -177,6 +183,36 @@ class Replica:
             # next arrival rather than spin. The core rejects requests that can never fit.
             self._idle = True
             return
+        self._start(plan)
+
+    def _next_async(self) -> None:
+        """Async scheduling (vLLM's batch queue of two): start the step scheduled when the last one started
+        (or, with none, schedule one now), then schedule the step after it at once, while this one runs.
+        Each decision therefore sees the outputs of the step before the one in flight: finishes free their
+        seats and blocks, and arrivals are admitted, one step later than under synchronous scheduling."""
+        scheduler = self.scheduler
+        plan = self._queued
+        self._queued = None
+        if plan is None:
+            if not scheduler.has_work:
+                self._idle = True
+                return
+            plan = scheduler.schedule()
+            if self.on_plan is not None:
+                self.on_plan(plan)
+            if plan.is_empty:
+                self._idle = True  # work that cannot start: wait for the next arrival
+                return
+        self._start(plan)
+        if scheduler.has_work:
+            following = scheduler.schedule()
+            if self.on_plan is not None:
+                self.on_plan(following)
+            if not following.is_empty:
+                self._queued = following
+
+    def _start(self, plan: StepPlan) -> None:
+        """Run ``plan`` from now: its end is one step time away."""
         start = self.clock.now()
         log = self.log
         for rid in plan.admitted_ids:
@@ -196,14 +232,24 @@ class Replica:
         log = self.log
         self.num_steps += 1
         self.busy_s += self._step_s
-        if scheduler.update(plan):
+        sampled = plan.sampled
+        finished = scheduler.update(plan)
+        if finished:
             self._publish_load()
         now = self.clock.now()
         delivered = now + self.network_latency_s
-        for request in plan.requests:
-            if request.num_output_tokens == 1 and request.num_computed_tokens == request.num_prompt_tokens:
-                log.on_first_token(request.request_id, delivered)
-            if request.status is RequestStatus.FINISHED:
+        if sampled is None:
+            for request in plan.requests:
+                if request.num_output_tokens == 1 and request.num_computed_tokens == request.num_prompt_tokens:
+                    log.on_first_token(request.request_id, delivered)
+                if request.status is RequestStatus.FINISHED:
+                    log.on_finish(request.request_id, delivered, request.num_cached_tokens, request.num_preemptions)
+        else:  # async: the plan says which rows sampled (their computed tokens have moved on since)
+            rows = plan.requests
+            for index in range(len(rows)):
+                if sampled[index] and rows[index].num_output_tokens == 1:
+                    log.on_first_token(rows[index].request_id, delivered)
+            for request in finished:
                 log.on_finish(request.request_id, delivered, request.num_cached_tokens, request.num_preemptions)
         kv = scheduler.kv
         pool = kv.pool

@@ -51,6 +51,10 @@ POLICIES: dict[str, list[str]] = {
     "sessions-prefix-aware": [*SESSIONS, "router.policy=prefix_aware", "engine.kv.num_blocks=400"],
     "sessions-affinity": [*SESSIONS, "router.policy=session_affinity"],
     "rejections": ["engine.max_model_len=512"],
+    "async": ["engine.async_scheduling=true"],
+    "async-preempt": ["engine.kv.num_blocks=300", "workload.arrival.rate_rps=200", "engine.async_scheduling=true"],
+    "async-sessions-prefix-aware": [*SESSIONS, "router.policy=prefix_aware", "engine.kv.num_blocks=400",
+                                    "engine.async_scheduling=true"],
 }
 
 

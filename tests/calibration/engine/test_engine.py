@@ -87,8 +87,14 @@ CONFIGS = [
 ]
 
 
-def make_config(batching: Batching, kv: KVPolicy, preemption: Preemption, *, num_blocks: int) -> SchedulerConfig:
+ASYNC_CONFIGS = [pytest.param(kv, id=f"async-chunked-{kv}-recompute") for kv in KVPolicy]
+"""Async scheduling is vLLM v1's: chunked batching and recompute preemption only."""
+
+
+def make_config(batching: Batching, kv: KVPolicy, preemption: Preemption, *, num_blocks: int,
+                async_scheduling: bool = False) -> SchedulerConfig:
     return SchedulerConfig(
+        async_scheduling=async_scheduling,
         num_blocks=num_blocks,
         block_size=BLOCK_SIZE,
         batching=batching,
@@ -203,11 +209,16 @@ def scheduler_only(
     scheduler = Scheduler(config)
     plans = []
     step = 0
-    while step <= max(work.arrivals) or scheduler.has_work:
+    queued: StepPlan | None = None  # async: the plan scheduled while the previous one ran
+    while step <= max(work.arrivals) or scheduler.has_work or queued is not None:
         for spec, _ids in work.arrivals.get(step, []):
             scheduler.add_request(engine_specs[spec.request_id])
-        if scheduler.has_work:
-            plan = scheduler.schedule()
+        if scheduler.has_work or queued is not None:
+            plan = queued if queued is not None else scheduler.schedule()
+            queued = None
+            if config.async_scheduling and scheduler.has_work:
+                following = scheduler.schedule()  # before this step's update, as vLLM schedules step n + 1
+                queued = None if following.is_empty else following
             scheduler.update(plan)
             plans.append(plan_decisions(plan))
         step += 1
@@ -239,6 +250,71 @@ def test_engine_matches_dense_oracle_and_scheduler(
     }, "each request generates exactly its output length"
     assert check_against_dense(engine, run.sequences, run.prompt_lens, run.scripted_lens) > 0
     assert [record_decisions(r) for r in engine.records] == scheduler_only(config, work, run.specs)
+
+
+@pytest.mark.parametrize("kv", ASYNC_CONFIGS)
+@pytest.mark.parametrize("hashes", [False, True], ids=["ids", "hashes"])
+def test_async_engine_matches_dense_oracle_and_scheduler(kv: KVPolicy, hashes: bool) -> None:
+    """Async scheduling (step n + 1 scheduled before step n's output is processed) on a pool small enough to
+    preempt: every request still gets exactly its tokens, each the oracle's, and a bare scheduler driven in
+    the same order makes the same decisions."""
+    num_blocks = 8 if kv is KVPolicy.PAGED else 24
+    config = make_config(Batching.CHUNKED, kv, Preemption.RECOMPUTE, num_blocks=num_blocks, async_scheduling=True)
+    work = random_workload(workload_seed(Batching.CHUNKED, kv, Preemption.RECOMPUTE, hashes) + 1, num_requests=10,
+                           max_prompt=20, max_output=8, hashes=hashes)
+    engine = Engine(TINY, config, seed=SEED)
+    run = run_engine(engine, work)
+    assert {rid: len(s) - run.prompt_lens[rid] for rid, s in run.sequences.items()} == {
+        spec.request_id: spec.output_tokens for spec, _ in work.all()
+    }, "each request generates exactly its output length"
+    assert check_against_dense(engine, run.sequences, run.prompt_lens, run.scripted_lens) > 0
+    assert [record_decisions(r) for r in engine.records] == scheduler_only(config, work, run.specs)
+    if kv is KVPolicy.PAGED:
+        assert any(r.preempted_ids for r in engine.records), "the pool never preempted: the test proves less"
+
+
+def test_async_scheduling_lags_finishes_and_admissions_by_one_step() -> None:
+    """What async scheduling changes: a request finishing at step n frees its seat only for step n + 2 (step
+    n + 1 was scheduled before step n's output), and a request arriving during step n is admitted at step
+    n + 2. Token counts and outputs are the same as synchronous scheduling's."""
+    def steps(async_scheduling: bool) -> tuple[list[tuple[int, ...]], dict[int, list[int]]]:
+        config = SchedulerConfig(num_blocks=32, block_size=BLOCK_SIZE, max_num_seqs=2,
+                                 async_scheduling=async_scheduling)
+        engine = Engine(TINY, config, seed=SEED)
+        engine.add_request(RequestSpec(0, 0.0, 5, 2))
+        engine.add_request(RequestSpec(1, 0.0, 5, 6))
+        engine.add_request(RequestSpec(2, 0.0, 5, 2))  # waits for a seat
+        engine.run()
+        return [r.request_ids for r in engine.records], engine.outputs
+
+    sync_steps, sync_outputs = steps(False)
+    async_steps, async_outputs = steps(True)
+    assert sync_outputs == async_outputs
+    # Request 0 samples its 2nd (last) token in step 1. Sync: request 2 takes its seat in step 2.
+    assert sync_steps[:3] == [(0, 1), (0, 1), (1, 2)]
+    # Async: step 2 was scheduled during step 1 (request 0 skipped, its last token in flight); request 2
+    # is admitted at step 3, once step 1's output has freed the seat.
+    assert async_steps[:4] == [(0, 1), (0, 1), (1,), (1, 2)]
+
+
+def test_async_eos_stop_discards_the_step_in_flight() -> None:
+    """A request that stops on EOS under async scheduling was already scheduled for the next step (the
+    scheduler could not know): that row is dropped, its blocks are freed, and no token is added."""
+    config = SchedulerConfig(num_blocks=32, block_size=BLOCK_SIZE, async_scheduling=True)
+    probe = Engine(TINY, config, seed=SEED)
+    probe.add_request(RequestSpec(0, 0.0, 6, 6), [1, 2, 3, 4, 5, 6])
+    probe.run()
+    eos = probe.outputs[0][2]
+    engine = Engine(TINY, config, seed=SEED, eos_token_id=eos)
+    engine.add_request(RequestSpec(0, 0.0, 6, 6), [1, 2, 3, 4, 5, 6], ignore_eos=False)
+    engine.add_request(RequestSpec(1, 0.0, 6, 6), [1, 2, 3, 4, 5, 6])
+    engine.run()
+    assert engine.outputs[0] == probe.outputs[0][:3]
+    assert engine.outputs[1] == probe.outputs[0]
+    assert engine.scheduler.kv.pool.num_used == 0
+    stop_step = next(r.step_id for r in engine.records if 0 in r.finished_ids)
+    assert 0 in engine.records[stop_step + 1].request_ids, "the row scheduled before the stop was known"
+    assert all(e.request_id != 0 for e in engine.records[stop_step + 1].events)
 
 
 def test_workloads_exercise_every_path() -> None:
