@@ -95,8 +95,12 @@ class EngineConfig(_Section):
     max_waiting_steps: int | None = Field(default=None, ge=0)
     """TGI's max_waiting_tokens: decode steps after which a prefill is forced."""
     async_scheduling: bool | None = None
-    """vLLM v1's async scheduling: step n+1 is scheduled while step n runs, so finishes and arrivals take
-    effect a step later while host work overlaps the device (chunked batching, recompute preemption)."""
+    """vLLM v1's async scheduling (on in the vllm preset, as in vLLM): step n+1 is scheduled while step n
+    runs, so finishes and arrivals take effect a step later while host work overlaps the device (chunked
+    batching, recompute preemption only); false = vLLM's synchronous loop, host work between steps."""
+    entry_point: Literal["api_server", "offline"] = "api_server"
+    """How vLLM is started, which picks the vllm preset's batch defaults: api_server (``vllm serve``) or
+    offline (the ``LLM`` class: 16384 batched tokens on large GPUs, 8192 elsewhere)."""
     kv: KVConfig = KVConfig()
 
 
@@ -371,11 +375,12 @@ def _check_weights_fit(fleet: FleetConfig) -> None:
 
 
 def vllm_gpu_defaults(scenario: Scenario, profile: Profile) -> tuple[int, int] | None:
-    """(max_num_batched_tokens, max_num_seqs) ``vllm serve`` picks on the profile's GPU, when the ``vllm``
-    preset applies them (neither field set in the scenario): 8192 / 1024 on a GPU of at least 70 GiB that
-    is not an A100, else 2048 / 256 (vLLM's ``EngineArgs.get_batch_defaults`` for the OpenAI API server,
-    vllm/engine/arg_utils.py; ``simulator.cost.kv_pool.serve_defaults``). None where the preset is not
-    ``vllm``, a field is set, or the hardware is not in the datasheet table (a CPU profile)."""
+    """(max_num_batched_tokens, max_num_seqs) vLLM picks on the profile's GPU for the scenario's entry point,
+    when the ``vllm`` preset applies them (neither field set in the scenario): ``vllm serve`` 8192 / 1024 on a
+    GPU of at least 70 GiB that is not an A100, else 2048 / 256; the offline ``LLM`` class 16384 / 1024, else
+    8192 / 256 (vLLM's ``EngineArgs.get_batch_defaults``, vllm/engine/arg_utils.py;
+    ``simulator.cost.kv_pool.serve_defaults``). None where the preset is not ``vllm``, a field is set, or the
+    hardware is not in the datasheet table (a CPU profile)."""
     engine = scenario.engine
     if engine.preset != "vllm" or engine.max_num_batched_tokens is not None or engine.max_num_seqs is not None:
         return None
@@ -383,7 +388,8 @@ def vllm_gpu_defaults(scenario: Scenario, profile: Profile) -> tuple[int, int] |
         accelerator = get_accelerator(profile.hardware)
     except ConfigError:
         return None
-    settings = serve_defaults(accelerator.device_memory_bytes, accelerator.full_name)
+    settings = serve_defaults(accelerator.device_memory_bytes, accelerator.full_name,
+                              entry_point=engine.entry_point)
     return settings.max_num_batched_tokens, settings.max_num_seqs
 
 
@@ -424,11 +430,14 @@ def resolve_replica(scenario: Scenario) -> ReplicaSetup:
     settings = {**{f: getattr(config, f) for f in explicit}, **{k: v for k, v in explicit.items() if v is not None}}
     if settings["async_scheduling"] and (settings["batching"] is not Batching.CHUNKED
                                          or settings["preemption"] is not Preemption.RECOMPUTE):
-        raise ConfigError(
-            f"async scheduling is vLLM v1's: it needs batching chunked and preemption recompute, not "
-            f"{settings['batching']} and {settings['preemption']}",
-            field="engine.async_scheduling",
-        )
+        if engine.async_scheduling:
+            raise ConfigError(
+                f"async scheduling is vLLM v1's: it needs batching chunked and preemption recompute, not "
+                f"{settings['batching']} and {settings['preemption']}",
+                field="engine.async_scheduling",
+            )
+        # Only the preset asked for it: off, as vLLM turns it off when an option is incompatible.
+        explicit["async_scheduling"] = False
     config = replace(config, **{k: v for k, v in explicit.items() if v is not None})
     block_size = config.block_size
     num_blocks = kv.num_blocks or profile.kv_capacity_blocks(block_size, kv.memory_fraction)
@@ -455,7 +464,7 @@ def resolve_replica(scenario: Scenario) -> ReplicaSetup:
         )
     host_blocks = int(kv.swap_space_gib * 2**30 // (profile.memory.kv_bytes_per_token * block_size))
     config = replace(config, num_blocks=num_blocks, max_model_len=max_model_len, num_host_blocks=host_blocks)
-    return ReplicaSetup(profile=profile, scheduler=config)
+    return ReplicaSetup(profile=with_engine_host(profile, engine.preset, config.async_scheduling), scheduler=config)
 
 
 HOST_ENGINE_OF_PRESET: dict[str, str] = {"tgi": "tgi", "trtllm": "trtllm", "trtllm-max-util": "trtllm"}

@@ -66,8 +66,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     base_profile = pick_profile(loaded.scenario.fleet)
     defaults = vllm_gpu_defaults(loaded.scenario, base_profile)
     if defaults is not None:
-        print(f"note: vllm preset on {base_profile.hardware}: vllm serve's defaults for this GPU, "
-              f"max_num_batched_tokens {defaults[0]}, max_num_seqs {defaults[1]}")
+        engine = loaded.scenario.engine
+        launcher = "vllm serve" if engine.entry_point == "api_server" else "vLLM's offline LLM class"
+        print(f"note: vllm preset on {base_profile.hardware}: {launcher}'s defaults for this GPU, "
+              f"max_num_batched_tokens {defaults[0]}, max_num_seqs {defaults[1]}, async scheduling "
+              f"{'off' if engine.async_scheduling is False else 'on'}")
     for variant in result.variants.values():
         if variant.profile.kind != "measured":
             print(f"note: {variant.name}: cost model {variant.profile.label or variant.profile.name}")

@@ -9,12 +9,21 @@ boundary — through the very same ``KVManager.allocate`` call, in the same orde
 makes it — so block ids, prefix-cache contents and evictions are identical to running the steps one by one
 (a test holds both paths to that).
 
+Under async scheduling (``SchedulerConfig.async_scheduling``) a run of K decode steps starts when the
+first of them, already scheduled, is about to run, and applies the K - 1 decisions scheduled while the
+steps before them run: each decision allocates the slot of the step after the one in flight, so a
+request's counters stand one token ahead and the block-start events come one step earlier, while the
+blocks its tokens fill are indexed when those tokens become known, on the same steps as without async.
+The run's last step is handed back still in flight (``in_flight_plan``); nothing finishes inside it.
+
 Standard library only.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
+
+from simulator.core.step import StepPlan
 
 if TYPE_CHECKING:
     from mypy_extensions import i64  # compiled, a machine integer; plain int in Python
@@ -28,14 +37,15 @@ class DecodeRun:
     (``advance_to``) and closed by ``finish``; ``truncate`` cuts the run short (an arrival that could
     change the batch)."""
 
-    __slots__ = ("_caching", "_counter_step", "_cursor_cycle", "_cursor_position", "_first_cycle", "_next_block_step",
-                 "_progressions", "batch", "block_size", "ctx_sum_start", "num_done", "num_steps", "requests",
-                 "scheduler")
+    __slots__ = ("_async", "_caching", "_counter_step", "_cursor_cycle", "_cursor_position", "_first_cycle",
+                 "_next_block_step", "_progressions", "batch", "block_size", "ctx_sum_start", "num_done", "num_steps",
+                 "requests", "scheduler")
 
     def __init__(self, scheduler: Scheduler, num_steps: int) -> None:
         self.scheduler = scheduler
         self.block_size: i64 = scheduler.block_size
         self._caching = scheduler.kv.enable_caching
+        self._async = scheduler.config.async_scheduling
         self.requests: list[Request] = []
         self._progressions: list[int] = []
         self._first_cycle: list[int] = []
@@ -71,8 +81,10 @@ class DecodeRun:
                 if 1 <= first < next_block_step:
                     next_block_step = first
             self._next_block_step = next_block_step
-        self.ctx_sum_start: i64 = ctx_sum + self.batch
-        """Context sum of the first step: every request attends to its computed tokens plus the new one."""
+        # Every request attends to the tokens computed before the step plus the new one; under async
+        # scheduling the first step's token is already counted computed.
+        self.ctx_sum_start: i64 = ctx_sum if self._async else ctx_sum + self.batch
+        """Context sum of the first step."""
 
     def _index_events(self, num_steps: int) -> int:
         """With the prefix cache: list the run's KV events (``_take_events``); returns the requests' context sum.
@@ -102,8 +114,9 @@ class DecodeRun:
             if 1 <= first <= num_steps:
                 progressions.append((((first - 1) % bs + 1) * n + index) * 2)
                 first_cycle[2 * index] = (first - 1) // bs
-            if len(request.block_hashes) > computed // bs:
-                first = -computed % bs or bs  # the step whose token completes a block
+            known = computed - 1 if self._async else computed  # async: the first step's token is computed
+            if len(request.block_hashes) > known // bs:
+                first = -known % bs or bs  # the step whose token completes a block (becomes known)
                 if first <= num_steps:
                     progressions.append((((first - 1) % bs + 1) * n + index) * 2 + 1)
                     first_cycle[2 * index + 1] = (first - 1) // bs
@@ -253,11 +266,25 @@ class DecodeRun:
 
     def finish(self) -> list[Request]:
         """Apply the remaining steps and leave every request as the step-by-step path would, finishing
-        those whose last token the run's last step produced. Returns them, in running order."""
+        those whose last token the run's last step produced. Returns them, in running order (none under
+        async scheduling, whose run ends with the step sampling the last tokens still in flight)."""
         self.advance_to(self.num_steps)
         self.set_counters(self.num_steps)
         self.scheduler.account_steps(self.num_steps)
+        if self._async:
+            return []
         return self.scheduler.retire_finished(self.requests)
+
+    def in_flight_plan(self) -> StepPlan:
+        """Async scheduling, after ``finish``: the plan of the step the last decision scheduled, which
+        runs next (a decode of every request of the run), as the step-by-step path would hold it."""
+        plan = StepPlan(self.scheduler.num_steps - 1)
+        requests = self.requests
+        plan.requests = list(requests)
+        plan.num_new_tokens = [1] * len(requests)
+        plan.num_computed_tokens = [r.num_computed_tokens - 1 for r in requests]
+        plan.sampled = [True] * len(requests)
+        return plan
 
 
 _NEVER: Final = 1 << 60

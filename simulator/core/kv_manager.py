@@ -156,9 +156,16 @@ class KVManager:
         token falls in a block it already holds and, with the prefix cache, completes no block (so there
         is nothing to index). The scheduler skips the call for such decode rows."""
         computed = request.num_computed_tokens
-        return computed < len(request.block_table) * self.block_size and (
-            not self.enable_caching or (computed + 1) % self.block_size != 0
-        )
+        bs = self.block_size
+        if computed >= len(request.block_table) * bs:
+            return False
+        if not self.enable_caching:
+            return True
+        if request.num_output_placeholders:
+            # Async scheduling: ``allocate`` indexes only blocks full of tokens already known.
+            known = min(computed + 1, request.num_prompt_tokens + request.num_output_tokens)
+            return min(known // bs, len(request.block_hashes)) <= request.num_indexed_blocks
+        return (computed + 1) % bs != 0
 
     def append_blocks(self, tables: list[list[int]]) -> None:
         """One fresh block at the end of each listed table (a request's ``block_table``, the list itself),

@@ -33,16 +33,21 @@ PRESETS: dict[str, Preset] = {
     for p in (
         Preset(
             name="vllm",
-            description="vLLM v1: chunked prefill, paged KV (block 16), prefix caching, recompute preemption",
+            description="vLLM v1: chunked prefill, paged KV (block 16), prefix caching, recompute preemption, "
+            "async scheduling",
             source=(
                 "vllm/engine/arg_utils.py get_batch_defaults (H100/H200-class GPUs, API server: "
-                "max_num_batched_tokens 8192, max_num_seqs 1024); block_size 16 (CacheConfig); chunked "
-                "prefill and prefix caching on by default in v1; v1 preempts by recompute only"
+                "max_num_batched_tokens 8192, max_num_seqs 1024; a scenario resolves them per GPU and entry "
+                "point); block_size 16 (CacheConfig); chunked prefill and prefix caching on by default in v1; "
+                "v1 preempts by recompute only; async scheduling on unless incompatible (vllm/config/vllm.py "
+                "at 000fc94b: SchedulerConfig.async_scheduling None resolves to True; calibration/engines.yaml "
+                "default_source has the release history)"
             ),
             knobs=dict(
                 batching=Batching.CHUNKED, kv_policy=KVPolicy.PAGED, preemption=Preemption.RECOMPUTE,
                 block_size=16, max_num_batched_tokens=8192, max_num_seqs=1024,
                 enable_prefix_caching=True, enable_chunked_prefill=True, long_prefill_token_threshold=0,
+                async_scheduling=True,
             ),
         ),
         Preset(

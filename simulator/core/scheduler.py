@@ -303,6 +303,47 @@ class Scheduler:
                 high = mid - 1
         return low if low >= 2 else 0
 
+    def steady_async_steps(self, queued: StepPlan) -> int:
+        """Async scheduling's ``steady_decode_steps``: with ``queued`` (scheduled, to run next) a decode of
+        every running request, the steps from it on (it included) that are all such decodes, scheduled
+        before anything can change the batch: up to the one sampling the first request's last token (the
+        step after it is scheduled without that request). 0 when fewer than 3 (no event saved).
+
+        The simulator runs that many steps as one run (``DecodeRun``), handing the last one back in flight
+        with the decision that follows it; an arrival the scheduler would try to admit cuts it short."""
+        running = self.running
+        cfg = self.config
+        n = len(running)
+        if (not n or n > cfg.max_num_batched_tokens or len(queued.requests) != n or queued.admitted_ids
+                or queued.preempted_ids or sum(queued.num_new_tokens) != n):
+            return 0
+        if self.waiting and n < cfg.max_num_seqs and not self._admission_blocked():
+            return 0
+        steps = 1 << 30
+        for request in running:
+            outputs = request.num_output_tokens
+            if (request.num_output_placeholders != 1
+                    or request.num_prompt_tokens + outputs != request.num_computed_tokens):
+                return 0  # not one token in flight and one to schedule
+            remaining = request.max_output_tokens - outputs  # the queued step's token included
+            if remaining < steps:
+                steps = remaining
+        if steps < 3:
+            return 0
+        # The run schedules steps - 1 more decodes (the queued one holds its blocks already).
+        decisions = steps - 1
+        free = self.kv.num_free_blocks
+        if n * -(-decisions // self.block_size) <= free or self._blocks_for_steps(decisions) <= free:
+            return steps
+        low, high = 0, decisions
+        while low < high:
+            mid = (low + high + 1) // 2
+            if self._blocks_for_steps(mid) <= free:
+                low = mid
+            else:
+                high = mid - 1
+        return low + 1 if low >= 2 else 0
+
     def _blocks_for_steps(self, steps: int) -> int:
         bs = self.block_size
         # Blocks each request must hold after ``steps`` more tokens, beyond those it holds (never < 0).

@@ -241,10 +241,15 @@ LARGE_GPU_BYTES = 70 * GIB
 """vLLM's threshold for its larger scheduler defaults (``EngineArgs``: at least 70 GiB and not an A100)."""
 
 
-def serve_defaults(device_memory_bytes: int, device_name: str, gpu_memory_utilization: float = 0.9) -> VllmSettings:
-    """``vllm serve``'s scheduler defaults for a GPU: 8192 batched tokens and 1024 sequences on one of at
-    least 70 GiB that is not an A100, else 2048 and 256 (vLLM's ``test_defaults_with_usage_context``)."""
-    if device_memory_bytes >= LARGE_GPU_BYTES and "a100" not in device_name.lower():
-        return VllmSettings(gpu_memory_utilization=gpu_memory_utilization, max_num_batched_tokens=8192,
-                            max_num_seqs=1024)
-    return VllmSettings(gpu_memory_utilization=gpu_memory_utilization, max_num_batched_tokens=2048, max_num_seqs=256)
+def serve_defaults(device_memory_bytes: int, device_name: str, gpu_memory_utilization: float = 0.9,
+                   entry_point: str = "api_server") -> VllmSettings:
+    """vLLM's scheduler defaults for a GPU and an entry point (``EngineArgs.get_batch_defaults``,
+    vllm/engine/arg_utils.py, by ``UsageContext``). ``vllm serve`` (the OpenAI API server): 8192 batched
+    tokens and 1024 sequences on a GPU of at least 70 GiB that is not an A100, else 2048 and 256 (vLLM's
+    ``test_defaults_with_usage_context``). The offline ``LLM`` class ("offline"): 16384 and 1024, else
+    8192 and 256."""
+    large = device_memory_bytes >= LARGE_GPU_BYTES and "a100" not in device_name.lower()
+    offline = entry_point == "offline"
+    tokens = (16384 if offline else 8192) if large else (8192 if offline else 2048)
+    return VllmSettings(gpu_memory_utilization=gpu_memory_utilization, max_num_batched_tokens=tokens,
+                        max_num_seqs=1024 if large else 256)

@@ -159,21 +159,7 @@ class Replica:
             if num_steps >= 2:
                 # A decode run: ``num_steps`` identical decode steps in one event, cut short by an
                 # arrival the scheduler would try to admit (``submit`` -> ``_ActiveRun.cut_at``).
-                active = self._run
-                if active is None:
-                    run = DecodeRun(scheduler, num_steps)
-                    active = self._run = _ActiveRun(self, run)
-                else:
-                    run = active.run
-                    run.restart(num_steps)
-                start = self.clock.now()
-                # Step end times accumulated one addition at a time from now, as the step-by-step
-                # clock does (worked out as they are asked for).
-                active.ends.reset(self.cost_model, run.batch, run.ctx_sum_start, num_steps, start)
-                active.restart(self._cut_possible and run.batch < self._max_num_seqs)
-                self._run_state = active
-                active.advance(start)  # the first step is scheduled now
-                self._event = self.clock.at(active.ends.last_end, self._run_end_callbacks, self._event)
+                self._start_run(num_steps)
                 return
         plan = scheduler.schedule()
         if self.on_plan is not None:
@@ -185,14 +171,43 @@ class Replica:
             return
         self._start(plan)
 
+    def _start_run(self, num_steps: int) -> None:
+        """Start a decode run of ``num_steps`` steps (async: decisions, each scheduling the step after the
+        one in flight) now; its end event is its last step's end."""
+        scheduler = self.scheduler
+        active = self._run
+        if active is None:
+            run = DecodeRun(scheduler, num_steps)
+            active = self._run = _ActiveRun(self, run)
+        else:
+            run = active.run
+            run.restart(num_steps)
+        start = self.clock.now()
+        # Step end times accumulated one addition at a time from now, as the step-by-step
+        # clock does (worked out as they are asked for).
+        active.ends.reset(self.cost_model, run.batch, run.ctx_sum_start, num_steps, start)
+        active.restart(self._cut_possible and run.batch < self._max_num_seqs)
+        self._run_state = active
+        active.advance(start)  # the first step is scheduled now
+        self._event = self.clock.at(active.ends.last_end, self._run_end_callbacks, self._event)
+
     def _next_async(self) -> None:
         """Async scheduling (vLLM's batch queue of two): start the step scheduled when the last one started
         (or, with none, schedule one now), then schedule the step after it at once, while this one runs.
         Each decision therefore sees the outputs of the step before the one in flight: finishes free their
-        seats and blocks, and arrivals are admitted, one step later than under synchronous scheduling."""
+        seats and blocks, and arrivals are admitted, one step later than under synchronous scheduling.
+
+        On the fast path, when the queued step and the K - 1 after it are decodes of the whole batch, a
+        decode run makes those K - 1 decisions and ends when step K - 1 does, handing step K back in flight
+        (``_hand_back``): the same decisions at the same instants as step by step."""
         scheduler = self.scheduler
         plan = self._queued
         self._queued = None
+        if plan is not None and self.fast_path:
+            num_steps = scheduler.steady_async_steps(plan)
+            if num_steps:
+                self._start_run(num_steps - 1)
+                return
         if plan is None:
             if not scheduler.has_work:
                 self._idle = True
@@ -204,6 +219,11 @@ class Replica:
                 self._idle = True  # work that cannot start: wait for the next arrival
                 return
         self._start(plan)
+        self._schedule_following()
+
+    def _schedule_following(self) -> None:
+        """Async scheduling: with a step just started, schedule the one after it now (it runs next)."""
+        scheduler = self.scheduler
         if scheduler.has_work:
             following = scheduler.schedule()
             if self.on_plan is not None:
@@ -274,7 +294,16 @@ class Replica:
         self.num_steps += k
         self.num_fast_steps += k
         self.busy_s += end - active.ends.start
+        if self._async:
+            self._hand_back(active.run)
+            return
         self._next()
+
+    def _hand_back(self, run: DecodeRun) -> None:
+        """An async decode run ended: its last decision's step runs from now, in flight as the step-by-step
+        path holds it, and the step after it is scheduled now, as ``_next_async`` would."""
+        self._start(run.in_flight_plan())
+        self._schedule_following()
 
 
 class _ActiveRun:

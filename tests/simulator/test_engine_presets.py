@@ -192,3 +192,71 @@ def test_host_time_is_non_decreasing_in_seqs_and_tokens(
     assert base > 0
     assert model.host_time(shape(b, n + more_tokens)) >= base
     assert model.host_time(shape(b + more_seqs, n + more_seqs + more_tokens)) >= base
+
+
+# ----- the scenario picks the host term of the engine it runs -------------------------------------------
+
+WORKLOAD = {"num_requests": 10, "arrival": {"process": "poisson", "rate_rps": 1.0},
+            "prompt_tokens": {"dist": "fixed", "value": 100}, "output_tokens": {"dist": "fixed", "value": 10}}
+
+
+def _replica(overrides: list[str]) -> Any:
+    from simulator.scenario import load_mapping, resolve_replica
+
+    raw = {"schema_version": 1, "name": "host", "workload": WORKLOAD,
+           "fleet": {"profile": PROFILE}, "engine": {"preset": "vllm"}}
+    return resolve_replica(load_mapping(raw, overrides).scenario)
+
+
+def test_vllm_runs_async_with_its_host_work_overlapped() -> None:
+    setup = _replica([])
+    assert setup.scheduler.async_scheduling
+    assert setup.profile.host_s.engine == "vllm-v1-async" and setup.profile.overlap_host
+
+
+def test_synchronous_vllm_pays_its_host_work_between_steps() -> None:
+    setup = _replica(["engine.async_scheduling=false"])
+    assert not setup.scheduler.async_scheduling
+    assert setup.profile.host_s.engine == "vllm-v1" and not setup.profile.overlap_host
+    expected, overlap = host_coefficients("vllm-v1")
+    assert setup.profile.host_s == expected and overlap is False
+
+
+@pytest.mark.parametrize(("preset", "engine"), [("tgi", "tgi"), ("trtllm", "trtllm"), ("trtllm-max-util", "trtllm")])
+def test_other_presets_pay_their_engines_host_work(preset: str, engine: str) -> None:
+    setup = _replica([f"engine.preset={preset}"])
+    assert not setup.scheduler.async_scheduling
+    assert setup.profile.host_s.engine == engine
+    assert setup.profile.overlap_host == get_engine(engine).overlap_host
+
+
+def test_a_measured_profile_keeps_its_measured_host_term() -> None:
+    from simulator.scenario import load_mapping, resolve_replica
+
+    raw = {"schema_version": 1, "name": "host", "workload": WORKLOAD,
+           "fleet": {"profile": "cpu-small-tp1-measured", "hardware": "cpu", "model": "small"},
+           "engine": {"preset": "tgi"}}
+    setup = resolve_replica(load_mapping(raw).scenario)
+    assert setup.profile.host_s == load_profile("cpu-small-tp1-measured").host_s
+
+
+def test_async_scheduling_yields_to_an_incompatible_option_unless_asked_for() -> None:
+    assert not _replica(["engine.batching=static"]).scheduler.async_scheduling  # as vLLM turns it off
+    with pytest.raises(ConfigError) as info:
+        _replica(["engine.batching=static", "engine.async_scheduling=true"])
+    assert info.value.field == "engine.async_scheduling"
+
+
+@pytest.mark.parametrize(("hardware", "entry_point", "expected"), [
+    ("H200", "api_server", (8192, 1024)),
+    ("H200", "offline", (16384, 1024)),
+    ("A100", "api_server", (2048, 256)),
+    ("A100", "offline", (8192, 256)),
+])
+def test_vllm_batch_defaults_follow_the_gpu_and_the_entry_point(
+    hardware: str, entry_point: str, expected: tuple[int, int],
+) -> None:
+    """vLLM's EngineArgs.get_batch_defaults: by device memory (>= 70 GiB, not an A100) and UsageContext."""
+    setup = _replica([f"fleet.profile={hardware.lower()}-llama-3-8b-tp1-analytic", f"fleet.hardware={hardware}",
+                      f"engine.entry_point={entry_point}"])
+    assert (setup.scheduler.max_num_batched_tokens, setup.scheduler.max_num_seqs) == expected

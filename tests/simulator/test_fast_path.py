@@ -41,6 +41,20 @@ CASES = {
         "router.refresh_s=0.05",
     ],
     "horizon": ["simulation.horizon_s=6", "workload.arrival.rate_rps=200", "engine.max_num_seqs=16"],
+    "async": ["engine.async_scheduling=true"],
+    "async-overload-preemption": ["engine.async_scheduling=true", "engine.kv.num_blocks=600", "engine.max_num_seqs=24",
+                                  "workload.arrival.rate_rps=120", "router.policy=least_kv"],
+    "async-no-cache": ["engine.async_scheduling=true", "engine.prefix_caching=false"],
+    "async-sessions-prefix": [
+        "engine.async_scheduling=true",
+        "workload.sessions={turns: {dist: uniform, low: 2, high: 5}, think_time_s: 2, response_time_estimate_s: 1}",
+        "workload.system_prompts={num_prompts: 3, tokens: 300}",
+        "workload.prompt_tokens={dist: lognormal, median: 120, sigma: 0.5, max: 800}",
+        "router.policy=prefix_aware",
+        "router.refresh_s=0.05",
+    ],
+    "async-horizon": ["engine.async_scheduling=true", "simulation.horizon_s=6", "workload.arrival.rate_rps=200",
+                      "engine.max_num_seqs=16"],
 }
 
 

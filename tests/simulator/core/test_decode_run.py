@@ -9,6 +9,7 @@ from simulator.core.config import Batching, KVPolicy, SchedulerConfig
 from simulator.core.decode_run import DecodeRun
 from simulator.core.request import RequestSpec
 from simulator.core.scheduler import Scheduler
+from simulator.core.step import StepPlan
 
 
 def _state(sched: Scheduler) -> tuple[object, ...]:
@@ -115,3 +116,89 @@ def test_long_runs_without_the_prefix_cache_hand_out_the_blocks_single_steps_do(
         assert max(fast) == max(slow)
         for steps, state in fast.items():
             assert state == slow[steps], f"trial {trial}: state differs after {steps} steps"
+
+
+def _drive_async(config: SchedulerConfig, specs: list[RequestSpec], fast: bool,
+                 probes: tuple[int, ...]) -> dict[int, tuple[object, ...]]:
+    """Async scheduling as a replica drives it, step boundary by step boundary: the step in flight is
+    updated, the queued step starts, and the one after it is scheduled. State after each boundary, keyed by
+    steps scheduled; on the fast path a decode run replaces the boundaries inside it and hands its last
+    step back in flight."""
+    sched = Scheduler(config)
+    for spec in specs:
+        sched.add_request(spec)
+    states: dict[int, tuple[object, ...]] = {0: (_state(sched), [])}
+    in_flight: StepPlan | None = None
+    queued: StepPlan | None = None
+    run: DecodeRun | None = None
+    guard = 0
+    while in_flight is not None or queued is not None or sched.has_work:
+        guard += 1
+        assert guard < 5000
+        if in_flight is not None:
+            sched.update(in_flight)
+            in_flight = None
+        k = sched.steady_async_steps(queued) if fast and queued is not None else 0
+        if k:
+            if run is None:
+                run = DecodeRun(sched, k - 1)
+            else:
+                run.restart(k - 1)
+            for percent in probes:
+                run.advance_to((k - 1) * percent // 100)
+            assert run.finish() == []
+            in_flight = run.in_flight_plan()
+        else:
+            plan = queued if queued is not None else (sched.schedule() if sched.has_work else None)
+            in_flight = plan if plan is not None and not plan.is_empty else None
+        queued = None
+        if sched.has_work:
+            following = sched.schedule()
+            queued = None if following.is_empty else following
+        states[sched.num_steps] = (_state(sched), [r.num_output_placeholders for r in sched.running])
+    return states
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    block_size=st.sampled_from([1, 2, 4, 16]),
+    num_blocks=st.integers(24, 200),
+    kv_policy=st.sampled_from(list(KVPolicy)),
+    caching=st.booleans(),
+    max_num_seqs=st.integers(1, 12),
+    reqs=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 60), st.integers(0, 2)), min_size=1, max_size=20),
+    probes=st.lists(st.integers(0, 100), max_size=6).map(lambda p: tuple(sorted(p))),
+)
+def test_async_decode_runs_reach_the_same_state_as_single_steps(
+    block_size: int, num_blocks: int, kv_policy: KVPolicy, caching: bool, max_num_seqs: int,
+    reqs: list[tuple[int, int, int]], probes: tuple[int, ...],
+) -> None:
+    """Async scheduling: a decode run's decisions allocate the blocks, index the hashes and evict what
+    step-by-step async scheduling would, and hand back the same step in flight."""
+    config = SchedulerConfig(num_blocks=num_blocks, block_size=block_size, kv_policy=kv_policy,
+                             enable_prefix_caching=caching, max_num_seqs=max_num_seqs, max_model_len=128,
+                             max_num_batched_tokens=64, async_scheduling=True)
+    specs = [
+        RequestSpec(i, 0.0, p, o, block_hashes=tuple(f * 1000 + j for j in range((p + o) // block_size)))
+        for i, (p, o, f) in enumerate(reqs)
+    ]
+    slow = _drive_async(config, specs, fast=False, probes=())
+    fast = _drive_async(config, specs, fast=True, probes=probes)
+    assert max(fast) == max(slow)
+    for steps, state in fast.items():
+        assert state == slow[steps], f"state differs after {steps} steps"
+
+
+def test_an_async_run_starts_behind_a_queued_decode_of_the_whole_batch() -> None:
+    config = SchedulerConfig(num_blocks=64, block_size=4, max_num_seqs=2, max_num_batched_tokens=64,
+                             async_scheduling=True)
+    sched = Scheduler(config)
+    sched.add_request(RequestSpec(0, 0.0, 10, 20))
+    prefill = sched.schedule()
+    decode = sched.schedule()  # scheduled while the prefill runs: its first token is a placeholder
+    assert sched.steady_async_steps(decode) == 0  # the prefill's token is still in flight
+    sched.update(prefill)
+    assert sched.steady_async_steps(prefill) == 0  # not a decode of the batch
+    assert sched.steady_async_steps(decode) == 19  # 19 tokens to go, the queued decode's included
+    sched.add_request(RequestSpec(1, 0.0, 10, 5))
+    assert sched.steady_async_steps(decode) == 0  # the next decision would admit it
