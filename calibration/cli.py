@@ -118,7 +118,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: Any) -> None:
-    """Add ``calibrate`` and ``validate`` to the ``fleetsim`` parser."""
+    """Add ``calibrate``, ``validate``, ``serve`` and ``bench`` to the ``fleetsim`` parser."""
+    from calibration.serve.cli import register as register_serve
+
     p = subparsers.add_parser("calibrate", help="profile the real engine on a grid, fit, write a measured profile")
     p.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
     p.add_argument("--model", required=True,
@@ -175,3 +177,5 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", default="runs/validate", help="folder for fidelity.json and the CDF plot")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_validate)
+
+    register_serve(subparsers)
