@@ -119,6 +119,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add ``calibrate``, ``validate``, ``serve`` and ``bench`` to the ``fleetsim`` parser."""
+    from calibration.endpoint.cli import register as register_bench
     from calibration.serve.cli import register as register_serve
 
     p = subparsers.add_parser("calibrate", help="profile the real engine on a grid, fit, write a measured profile")
@@ -179,3 +180,4 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_validate)
 
     register_serve(subparsers)
+    register_bench(subparsers)
