@@ -102,6 +102,8 @@ def _command_line() -> str:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    if args.endpoint is not None:
+        return cmd_validate_endpoint(args)
     require_engine("validate")
     from calibration.validate import ValidationOptions, print_report, validate
 
@@ -114,6 +116,27 @@ def cmd_validate(args: argparse.Namespace) -> int:
     )
     report = validate(options, out_dir=Path(args.out), progress=not args.quiet)
     print_report(report)
+    return 0
+
+
+def cmd_validate_endpoint(args: argparse.Namespace) -> int:
+    """Bench a live OpenAI-compatible server and simulate the same requests with the profile."""
+    from calibration.endpoint.cli import bench_options, load_bench_workload
+    from calibration.endpoint.validate import print_validation, validate_endpoint
+    from calibration.serve.cli import require_serve
+
+    require_serve("validate --endpoint")
+    if args.scenario is None:
+        raise ConfigError("validate --endpoint needs --scenario (the simulated replica's settings and workload)",
+                          field="scenario")
+    overrides = (f"fleet.profile={args.profile}",)
+    loaded = load_bench_workload(args, scenario=args.scenario, trace=None, overrides=overrides)
+    from simulator.results.run_folder import check_writable
+
+    out = Path(args.out)
+    check_writable(out, overwrite=args.overwrite)
+    print_validation(validate_endpoint(loaded, bench_options(args), out=out, repeat=args.repeat,
+                                       overwrite=args.overwrite))
     return 0
 
 
@@ -177,6 +200,16 @@ def register(subparsers: Any) -> None:
                    help="replay the real-time run twice: the engine against itself is the host's noise floor")
     p.add_argument("--out", default="runs/validate", help="folder for fidelity.json and the CDF plot")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    live = p.add_argument_group("against a live server (--endpoint): bench it, simulate the same requests")
+    live.add_argument("--endpoint", default=None, help="OpenAI-compatible server base URL (fleetsim serve, vLLM...)")
+    live.add_argument("--scenario", default=None,
+                      help="scenario whose workload is sent and whose engine settings the simulator runs")
+    live.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
+    live.add_argument("--max-duration", type=float, default=600.0, help="send nothing after this many seconds")
+    live.add_argument("--api", choices=("completions", "chat"), default="completions")
+    live.add_argument("--prompt-format", choices=("ids", "text"), default="ids")
+    live.add_argument("--no-ignore-eos", action="store_true", help="let the server stop at EOS")
+    live.add_argument("--overwrite", action="store_true", help="write into an existing non-empty --out")
     p.set_defaults(func=cmd_validate)
 
     register_serve(subparsers)
