@@ -27,6 +27,10 @@ def require_engine(command: str) -> None:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.from_published is not None:
         return cmd_from_published(args)
+    if args.endpoint is not None:
+        return cmd_calibrate_endpoint(args)
+    if args.model is None:
+        raise ConfigError("--model is required (or --endpoint, or --from-published)", field="model")
     require_engine("calibrate")
     outputs = calibrate(
         device=args.device, model=args.model, out=args.out, tp=args.tp, grid=args.grid, dtype=args.dtype,
@@ -50,6 +54,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     for reason in outputs.skipped:
         print(f"skipped  {reason}")
     print(f"raw      {outputs.csv_path}\nplot     {outputs.html_path}")
+    return 0
+
+
+def cmd_calibrate_endpoint(args: argparse.Namespace) -> int:
+    """Fit a profile black-box to a live OpenAI-compatible server's client-side timings."""
+    from calibration.endpoint.bench import BenchOptions
+    from calibration.endpoint.blackbox import ProbePlan, calibrate_endpoint, print_fit
+    from calibration.serve.cli import require_serve
+
+    require_serve("calibrate --endpoint")
+    options = BenchOptions(endpoint=args.endpoint, model=args.served_model, progress=not args.quiet)
+    fit = calibrate_endpoint(options, out=Path(args.out), like=args.model, hardware=args.hardware or "endpoint",
+                             dtype=args.dtype or "bfloat16", kv_capacity_tokens=args.kv_capacity_tokens,
+                             plan=ProbePlan(repeats=args.probe_repeats, seed=args.seed), folds=args.folds)
+    print_fit(fit)
     return 0
 
 
@@ -147,7 +166,7 @@ def register(subparsers: Any) -> None:
 
     p = subparsers.add_parser("calibrate", help="profile the real engine on a grid, fit, write a measured profile")
     p.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
-    p.add_argument("--model", required=True,
+    p.add_argument("--model", default=None,
                    help="catalogue name (calibration/engine/configs.py): tiny, small, llama-3-8b, llama-3-70b, "
                         "llama-3-405b, llama-2-7b, llama-2-70b, codellama-34b, internlm-20b, phi-2, qwen-72b")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (profiles one rank's shard)")
@@ -175,6 +194,14 @@ def register(subparsers: Any) -> None:
                    help="folder of the published profiles (default ../shared/data/profiling/vidur)")
     p.add_argument("--engine", default=None,
                    help="serving-engine preset whose host overhead the profile carries (calibration/engines.yaml)")
+    live = p.add_argument_group("black-box, from a live server's client-side timings (--endpoint)")
+    live.add_argument("--endpoint", default=None,
+                      help="OpenAI-compatible server base URL: probe it and fit a profile (--model names the "
+                           "catalogue shape for its KV size; default the served model's name)")
+    live.add_argument("--served-model", default=None, help="the model field of probe requests (default: the first)")
+    live.add_argument("--kv-capacity-tokens", type=int, default=None,
+                      help="the server's KV pool in tokens (default: from its /metrics when it publishes it)")
+    live.add_argument("--probe-repeats", type=int, default=3, help="repeats of each prefill probe (3)")
     p.set_defaults(func=cmd_calibrate)
 
     p = subparsers.add_parser("validate", help="replay a workload on the real engine and in the simulator")
