@@ -20,10 +20,10 @@ def require_serve(command: str) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from calibration.cli import require_engine
     from calibration.serve.server import ServeOptions, serve
 
-    require_engine("serve")
+    if importlib.util.find_spec("torch") is None:
+        raise ConfigError("fleetsim serve runs the real engine, which needs PyTorch: pip install -e '.[engine,serve]'")
     require_serve("serve")
     if not 0 <= args.port < 65536:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}", field="port")
