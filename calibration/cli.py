@@ -27,6 +27,10 @@ def require_engine(command: str) -> None:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.from_published is not None:
         return cmd_from_published(args)
+    if args.endpoint is not None:
+        return cmd_calibrate_endpoint(args)
+    if args.model is None:
+        raise ConfigError("--model is required (or --endpoint, or --from-published)", field="model")
     require_engine("calibrate")
     outputs = calibrate(
         device=args.device, model=args.model, out=args.out, tp=args.tp, grid=args.grid, dtype=args.dtype,
@@ -50,6 +54,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     for reason in outputs.skipped:
         print(f"skipped  {reason}")
     print(f"raw      {outputs.csv_path}\nplot     {outputs.html_path}")
+    return 0
+
+
+def cmd_calibrate_endpoint(args: argparse.Namespace) -> int:
+    """Fit a profile black-box to a live OpenAI-compatible server's client-side timings."""
+    from calibration.endpoint.bench import BenchOptions
+    from calibration.endpoint.blackbox import ProbePlan, calibrate_endpoint, print_fit
+    from calibration.serve.cli import require_serve
+
+    require_serve("calibrate --endpoint")
+    options = BenchOptions(endpoint=args.endpoint, model=args.served_model, progress=not args.quiet)
+    fit = calibrate_endpoint(options, out=Path(args.out), like=args.model, hardware=args.hardware or "endpoint",
+                             dtype=args.dtype or "bfloat16", kv_capacity_tokens=args.kv_capacity_tokens,
+                             plan=ProbePlan(repeats=args.probe_repeats, seed=args.seed), folds=args.folds)
+    print_fit(fit)
     return 0
 
 
@@ -102,6 +121,8 @@ def _command_line() -> str:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    if args.endpoint is not None:
+        return cmd_validate_endpoint(args)
     require_engine("validate")
     from calibration.validate import ValidationOptions, print_report, validate
 
@@ -117,11 +138,35 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_validate_endpoint(args: argparse.Namespace) -> int:
+    """Bench a live OpenAI-compatible server and simulate the same requests with the profile."""
+    from calibration.endpoint.cli import bench_options, load_bench_workload
+    from calibration.endpoint.validate import print_validation, validate_endpoint
+    from calibration.serve.cli import require_serve
+
+    require_serve("validate --endpoint")
+    if args.scenario is None:
+        raise ConfigError("validate --endpoint needs --scenario (the simulated replica's settings and workload)",
+                          field="scenario")
+    overrides = (f"fleet.profile={args.profile}",)
+    loaded = load_bench_workload(args, scenario=args.scenario, trace=None, overrides=overrides)
+    from simulator.results.run_folder import check_writable
+
+    out = Path(args.out)
+    check_writable(out, overwrite=args.overwrite)
+    print_validation(validate_endpoint(loaded, bench_options(args), out=out, repeat=args.repeat,
+                                       overwrite=args.overwrite))
+    return 0
+
+
 def register(subparsers: Any) -> None:
-    """Add ``calibrate`` and ``validate`` to the ``fleetsim`` parser."""
+    """Add ``calibrate``, ``validate``, ``serve`` and ``bench`` to the ``fleetsim`` parser."""
+    from calibration.endpoint.cli import register as register_bench
+    from calibration.serve.cli import register as register_serve
+
     p = subparsers.add_parser("calibrate", help="profile the real engine on a grid, fit, write a measured profile")
     p.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
-    p.add_argument("--model", required=True,
+    p.add_argument("--model", default=None,
                    help="catalogue name (calibration/engine/configs.py): tiny, small, llama-3-8b, llama-3-70b, "
                         "llama-3-405b, llama-2-7b, llama-2-70b, codellama-34b, internlm-20b, phi-2, qwen-72b")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (profiles one rank's shard)")
@@ -149,6 +194,14 @@ def register(subparsers: Any) -> None:
                    help="folder of the published profiles (default ../shared/data/profiling/vidur)")
     p.add_argument("--engine", default=None,
                    help="serving-engine preset whose host overhead the profile carries (calibration/engines.yaml)")
+    live = p.add_argument_group("black-box, from a live server's client-side timings (--endpoint)")
+    live.add_argument("--endpoint", default=None,
+                      help="OpenAI-compatible server base URL: probe it and fit a profile (--model names the "
+                           "catalogue shape for its KV size; default the served model's name)")
+    live.add_argument("--served-model", default=None, help="the model field of probe requests (default: the first)")
+    live.add_argument("--kv-capacity-tokens", type=int, default=None,
+                      help="the server's KV pool in tokens (default: from its /metrics when it publishes it)")
+    live.add_argument("--probe-repeats", type=int, default=3, help="repeats of each prefill probe (3)")
     p.set_defaults(func=cmd_calibrate)
 
     p = subparsers.add_parser("validate", help="replay a workload on the real engine and in the simulator")
@@ -174,4 +227,17 @@ def register(subparsers: Any) -> None:
                    help="replay the real-time run twice: the engine against itself is the host's noise floor")
     p.add_argument("--out", default="runs/validate", help="folder for fidelity.json and the CDF plot")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    live = p.add_argument_group("against a live server (--endpoint): bench it, simulate the same requests")
+    live.add_argument("--endpoint", default=None, help="OpenAI-compatible server base URL (fleetsim serve, vLLM...)")
+    live.add_argument("--scenario", default=None,
+                      help="scenario whose workload is sent and whose engine settings the simulator runs")
+    live.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
+    live.add_argument("--max-duration", type=float, default=600.0, help="send nothing after this many seconds")
+    live.add_argument("--api", choices=("completions", "chat"), default="completions")
+    live.add_argument("--prompt-format", choices=("ids", "text"), default="ids")
+    live.add_argument("--no-ignore-eos", action="store_true", help="let the server stop at EOS")
+    live.add_argument("--overwrite", action="store_true", help="write into an existing non-empty --out")
     p.set_defaults(func=cmd_validate)
+
+    register_serve(subparsers)
+    register_bench(subparsers)

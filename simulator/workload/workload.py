@@ -77,6 +77,13 @@ class Workload:
         """Every request as a RequestSpec (convenient for small workloads and tests)."""
         return list(self)
 
+    def with_arrivals(self, arrival_s: np.ndarray) -> Workload:
+        """The same requests (lengths, sessions, block keys) arriving at ``arrival_s`` instead: a
+        workload replayed against a real server is simulated at the times its requests were sent."""
+        return Workload(arrival_s=np.asarray(arrival_s, dtype=np.float64), prompt_tokens=self.prompt_tokens,
+                        output_tokens=self.output_tokens, block_size=self.block_size, session_id=self.session_id,
+                        block_keys=self._block_keys)
+
     def block_hashes(self, index: int) -> tuple[int, ...]:
         """The chained block hashes of request ``index``."""
         if not 0 <= index < len(self):

@@ -37,6 +37,7 @@ SMALL: dict[str, list[str]] = {
     "azure_conv": ["workload.num_requests=200"],
     "mooncake": ["workload.num_requests=60"],
     "presets": ["workload.num_requests=100"],
+    "serve_cpu": ["workload.num_requests=100"],
 }
 """Each shipped scenario cut to a size that runs in about a second: the golden runs."""
 
