@@ -56,6 +56,8 @@ class Replica:
         self.network_latency_s = network_latency_s
         self.num_steps = 0
         self.busy_s = 0.0
+        self.num_prefill_tokens = 0
+        """Tokens run as prompt chunks (first computations, recomputes after preemption) over the run."""
         self.fast_path = fast_path
         self.on_plan = on_plan
         """Called with every plan the scheduler makes on the step-by-step path (validation records them)."""
@@ -239,6 +241,7 @@ class Replica:
             log.on_scheduled(rid, start)
         seqs, tokens, decodes, decode_ctx, prefill_tokens, pairs, swap = shape_fields(plan)
         step_s = self.cost_model.time_of(seqs, tokens, decodes, decode_ctx, prefill_tokens, pairs, swap)
+        self.num_prefill_tokens += prefill_tokens
         self._plan = plan
         self._step_s = step_s
         self._event = self.clock.at(start + step_s, self._step_end_callbacks, self._event)
