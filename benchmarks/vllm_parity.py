@@ -15,8 +15,9 @@ and, beside them, ``no-async``: today's preset with ``--no-async-scheduling`` (h
 
 Cases: a cache-bound multi-turn chat (sessions sharing system prompts, the ``routing.yaml`` shape, on a
 KV pool too small to keep every conversation), the Mooncake conversation trace on a bounded pool, and a
-preemption-heavy load (long outputs on a small pool, stable but preempting). Prints prefix hit rate, preemptions, prompt tokens
-computed (first computations plus recomputes), TTFT p50/p99 and throughput per configuration.
+preemption-heavy load (long outputs on a small pool, stable but preempting). Prints prefix hit rate,
+preemptions, prompt tokens computed (first computations plus recomputes), TTFT p50/p99 and throughput per
+configuration.
 """
 
 from __future__ import annotations
