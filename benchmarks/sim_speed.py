@@ -222,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate-per-replica", type=float, default=8.0, help="requests/s per replica")
     parser.add_argument("--no-hard", action="store_true", help="skip the prefix-caching and overload runs")
     parser.add_argument("--step-by-step", action="store_true", help="disable the decode-run fast path")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a scenario override applied to every case (e.g. engine.async_scheduling=false)")
     parser.add_argument("--no-events", dest="events", action="store_false",
                         help="do not count SimPy events")
     parser.add_argument("--repeat", type=int, default=1,
@@ -231,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
-    fast = [] if not args.step_by_step else ["simulation.fast_path=false"]
+    fast = ([] if not args.step_by_step else ["simulation.fast_path=false"]) + args.overrides
     options = (fast, args.events, args.instructions)
     build = "compiled with mypyc (fleetsim build-native)" if native.active() else "pure Python"
     print(f"hot path: {build}; Python {sys.version.split()[0]}", flush=True)
