@@ -134,6 +134,9 @@ test_async_spec_placeholders_cleared_for_unscheduled_reqs     n/a: speculative d
 test_prefix_caching_for_prefill_dedup                         mirrored
 test_prefix_caching_for_multi_turn                            mirrored
 test_abort_request_when_structured_output_fsm_cannot_advance  n/a: structured output
+(vLLM's scheduler.py @ 003df29: a preempted request waits     xfail (strict):
+until its stale output is delivered)                          test_preempted_request_waits_for_its_stale_
+                                                              output
 ============================================================  ==========================================
 """
 
@@ -587,3 +590,31 @@ def test_prefix_caching_for_multi_turn_mirrors_vllm() -> None:
     plan = sched.schedule()
     assert _scheduled(plan) == {10 + i: num_history % BS for i in range(5)}
 
+
+@pytest.mark.xfail(strict=True, reason=(
+    "fleetsim readmits a preempted request while a step that sampled for it is still in flight; the stale "
+    "token then arrives while it runs again and is taken for the recomputation's own sample (two outputs "
+    "from one position, one step fewer than vLLM runs). vLLM "
+    "(scheduler.py at 003df29, the waiting loop's num_stale_output_tokens check) skips such a request "
+    "until its stale output is delivered and admits the ones behind it. Only a driver with three or "
+    "more steps in flight (pipeline parallelism) can reach it: fleetsim's engine and replicas keep at "
+    "most two, and the fix reshapes the admission loop."))
+def test_preempted_request_waits_for_its_stale_output() -> None:
+    """vLLM's rule behind test_preempt_during_execution with a deeper pipeline: three 32-token requests fill
+    6 blocks; the step scheduled while the first runs preempts the tail (c) with its token in flight; an
+    abort frees room; the next step, scheduled before that token comes in, must not take c back."""
+    sched = _scheduler(num_blocks=6, enable_prefix_caching=False, async_scheduling=True)
+    a, b, c = (sched.add_request(_spec(i, num_tokens=2 * BS)) for i in range(3))
+    plans = deque([sched.schedule()])
+    plans.append(sched.schedule())
+    assert plans[1].preempted_ids == [2]
+    sched.abort(a.request_id)
+    plans.append(sched.schedule())  # a third step in flight: c's stale token has not come in
+    assert _scheduled(plans[2]) == {1: 1}
+    while plans:
+        sched.update(plans.popleft())
+        queued = sched.schedule()
+        if queued.requests:
+            plans.append(queued)
+    assert b.status is RequestStatus.FINISHED and c.status is RequestStatus.FINISHED
+    assert c.num_output_tokens == 16 and c.num_output_placeholders == 0
