@@ -57,9 +57,9 @@ tiebreaker, _mixed_priority_and_arrival, _preemption,
 _no_preemption_when_space_available, _preemption_victim_
 selection, _equal_priority_preemption, _waiting_queue_order,
 _fcfs_fallback, _with_limited_slots, _heap_property
-test_priority_scheduling_preemption_and_resumption_when_      mirrored without the connector (its
-out_of_kv[ec, v2 runner]                                      example connector finds nothing here);
-                                                              EC connector and model-runner variants n/a
+test_priority_scheduling_preemption_and_resumption_when_      mirrored without the KV connector (none
+out_of_kv[ec, v2 runner]                                      of its assertions involves it); the EC
+                                                              connector and model-runner variants: n/a
 test_scheduler_reset_prefix_cache                             n/a: an operator action (reset endpoint),
                                                               not a scheduling policy
 test_make_scheduled_encoder_input_stats_output_embeddings,    n/a: multimodal / encoder inputs
