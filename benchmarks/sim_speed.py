@@ -1,7 +1,8 @@
 """Simulator speed: simulated requests per wall second, events per second, peak memory, scaling.
 
-    python benchmarks/sim_speed.py                 # 10k and 100k on 16 and 64 replicas, plus hard cases
-    python benchmarks/sim_speed.py --sizes 10000 100000 1000000 --replicas 16 64
+    python benchmarks/sim_speed.py                 # every case at 10k and 100k on 16 and 64 replicas
+    python benchmarks/sim_speed.py --sizes 10000 100000 1000000 --replicas 16 --cases sessions+affinity
+    python benchmarks/sim_speed.py --compare --sizes 10000 --replicas 16   # pure Python, then compiled
     python benchmarks/sim_speed.py --repeat 5      # 5 rounds of every case: the fastest and the median
 
     # Instructions per simulated request: a noise-free figure for before/after comparisons (wall time on
@@ -11,9 +12,12 @@
         --sizes 2000 --replicas 16 --no-hard
     # with valgrind's --cache-sim=yes as well, also simulated data-cache misses per request
 
-The chat workload: Azure-2023-conversation prompt and output lengths (empirical, from the shared trace),
-Poisson arrivals at a fixed load per replica. Prints one line per run and the scaling ratios
-(time per request at the largest size / at the smallest; at 64 replicas / at 16).
+The cases (``CASES``): chat (Azure-2023-conversation prompt and output lengths, empirical from the shared
+trace, no prefix cache), the realistic case with vLLM's defaults (chunked prefill, prefix caching, async
+scheduling) on multi-turn sessions sharing system prompts, routed by session affinity or by prefix, and
+that at 3x the load on a small KV pool (preemptions); Poisson arrivals at a fixed load per replica. Prints
+one line per run (simulated requests/s, SimPy events per request, peak RSS, preemptions, hit rate) and the
+scaling ratios (time per request at the largest size / at the smallest; at 64 replicas / at 16).
 
 The per-step hot path runs compiled when ``fleetsim build-native`` has built it for these sources (the
 first line printed says which); ``FLEETSIM_PURE_PYTHON=1`` measures pure Python.
@@ -158,6 +162,7 @@ def _measure(raw: dict[str, Any], overrides: list[str] | None, count_events: boo
         "wall_median_s": wall,
         "req_per_s": n / wall,
         "events_per_s": events / wall if count_events else float("nan"),
+        "events_per_request": events / n if count_events else float("nan"),
         "instructions_per_request": instr / n if instructions else float("nan"),
         **{f"{name}_per_request": count / n for name, count in misses.items()},
         "completed": summary["requests_completed"],
@@ -170,7 +175,7 @@ def _measure(raw: dict[str, Any], overrides: list[str] | None, count_events: boo
 
 def line(label: str, m: dict[str, float]) -> str:
     text = (f"{label:34s} {m['requests']:>9,.0f} req  {m['wall_s']:7.2f} s  {m['req_per_s']:>9,.0f} req/s  "
-            f"{m['events_per_s']:>10,.0f} ev/s  peak RSS {m['peak_rss_mb']:6.0f} MB  "
+            f"{m['events_per_request']:>5.1f} ev/req  peak RSS {m['peak_rss_mb']:6.0f} MB  "
             f"preempt {m['preemptions']:.0f}  hit {m['prefix_hit_rate']:.2f}")
     if m["wall_median_s"] != m["wall_s"]:
         text += f"  (median {m['wall_median_s']:.2f} s)"
@@ -191,12 +196,14 @@ def best_of(results: list[dict[str, float]]) -> dict[str, float]:
     return best
 
 
-def sessions_scenario(num_requests: int, rate_per_replica: float) -> dict[str, Any]:
-    """Multi-turn sessions sharing system prompts, prefix caching on, session-affinity routing."""
-    raw = chat_scenario(num_requests, 16, rate_per_replica)
+def sessions_scenario(num_requests: int, replicas: int, rate_per_replica: float,
+                      router: str = "session_affinity") -> dict[str, Any]:
+    """The realistic case: vLLM's defaults (chunked prefill, prefix caching, async scheduling), multi-turn
+    sessions sharing system prompts (the routing.yaml shape), routed by session affinity or prefix."""
+    raw = chat_scenario(num_requests, replicas, rate_per_replica)
     raw["workload"] = {
         "num_requests": num_requests,
-        "arrival": {"process": "poisson", "rate_rps": 16 * rate_per_replica / 4},
+        "arrival": {"process": "poisson", "rate_rps": replicas * rate_per_replica / 4},
         "prompt_tokens": {"dist": "lognormal", "median": 200, "sigma": 0.8, "max": 2000},
         "output_tokens": {"dist": "lognormal", "median": 200, "sigma": 0.8, "max": 1500},
         "system_prompts": {"num_prompts": 8, "tokens": 600},
@@ -204,23 +211,59 @@ def sessions_scenario(num_requests: int, rate_per_replica: float) -> dict[str, A
                      "response_time_estimate_s": 4},
     }
     raw["engine"] = {"preset": "vllm"}
-    raw["router"] = {"policy": "session_affinity"}
+    raw["router"] = {"policy": router}
     return raw
 
 
-def overload_scenario(num_requests: int, rate_per_replica: float) -> dict[str, Any]:
-    """Chunked prefill at 3x the load on a small KV pool: preemptions."""
-    raw = chat_scenario(num_requests, 16, rate_per_replica * 3)
-    raw["engine"] = {"preset": "vllm", "kv": {"num_blocks": 6000}, "max_num_seqs": 128}
+def overload_scenario(num_requests: int, replicas: int, rate_per_replica: float) -> dict[str, Any]:
+    """The realistic case at 3x the load on a small KV pool: preemptions."""
+    raw = sessions_scenario(num_requests, replicas, rate_per_replica * 3)
+    raw["engine"] = {"preset": "vllm", "kv": {"num_blocks": 1500}, "max_num_seqs": 128}
     return raw
+
+
+CASES: dict[str, Any] = {
+    "chat": lambda n, r, rate: chat_scenario(n, r, rate),
+    "sessions+affinity": lambda n, r, rate: sessions_scenario(n, r, rate),
+    "sessions+prefix-aware": lambda n, r, rate: sessions_scenario(n, r, rate, router="prefix_aware"),
+    "overload": lambda n, r, rate: overload_scenario(n, r, rate),
+}
+"""Each case builds its scenario from (requests, replicas, requests/s per replica). ``chat``: Azure
+conversation lengths, no prefix cache. ``sessions+*``: the realistic case (vLLM's defaults: chunked prefill,
+prefix caching, async scheduling; multi-turn sessions with shared system prompts). ``overload``: that at
+3x the load on a small KV pool (preemptions)."""
+
+
+def compare(argv: list[str]) -> int:
+    """Run the benchmark twice, pure Python then compiled, and print the speed-up per case."""
+    runs = {}
+    for label, env in (("pure", {native.PURE_ENV: "1"}), ("native", {})):
+        command = [sys.executable, __file__, *argv]
+        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env}, check=False)
+        if done.returncode != 0:
+            print(done.stdout + done.stderr)
+            return done.returncode
+        print(f"--- {label}\n{done.stdout}", end="", flush=True)
+        runs[label] = {ln.split("  ")[0].strip(): ln for ln in done.stdout.splitlines() if " req/s" in ln}
+    print("--- native / pure (simulated requests per second)")
+    for key, pure_line in runs["pure"].items():
+        native_line = runs["native"].get(key)
+        if native_line is None:
+            continue
+        rate = [float(line.split(" req/s")[0].split()[-1].replace(",", "")) for line in (pure_line, native_line)]
+        print(f"{key:44s} {rate[0]:>9,.0f} -> {rate[1]:>9,.0f} req/s  x{rate[1] / rate[0]:.1f}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--replicas", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--rate-per-replica", type=float, default=8.0, help="requests/s per replica")
-    parser.add_argument("--no-hard", action="store_true", help="skip the prefix-caching and overload runs")
+    parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES),
+                        help="which cases to run (default: all)")
+    parser.add_argument("--no-hard", action="store_true", help="the chat case only (no prefix cache, no overload)")
     parser.add_argument("--step-by-step", action="store_true", help="disable the decode-run fast path")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="a scenario override applied to every case (e.g. engine.async_scheduling=false)")
@@ -230,9 +273,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="rounds: run every case once per round; report each case's fastest round (and median)")
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions per request (run under callgrind: see the docstring)")
+    parser.add_argument("--compare", action="store_true", help="run everything pure Python, then compiled")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
+    if args.compare:
+        return compare([a for a in argv if a != "--compare"])
     fast = ([] if not args.step_by_step else ["simulation.fast_path=false"]) + args.overrides
     options = (fast, args.events, args.instructions)
     build = "compiled with mypyc (fleetsim build-native)" if native.active() else "pure Python"
@@ -240,14 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     # Read the trace and warm every code path once, untimed: a small case's figure should be the
     # simulation's, not the trace parse a long run amortises (each case runs in a child that inherits it).
     run(load_mapping(chat_scenario(200, 4, args.rate_per_replica), fast))
-    cases: list[tuple[str, tuple[int, int] | None, dict[str, Any]]] = [
-        (f"chat {replicas} replicas", (replicas, size), chat_scenario(size, replicas, args.rate_per_replica))
-        for replicas in args.replicas for size in args.sizes
+    names = ["chat"] if args.no_hard else args.cases
+    cases: list[tuple[str, tuple[str, int, int], dict[str, Any]]] = [
+        (f"{name} {replicas} replicas", (name, replicas, size), CASES[name](size, replicas, args.rate_per_replica))
+        for name in names for replicas in args.replicas for size in args.sizes
     ]
     small, large = min(args.sizes), max(args.sizes)
-    if not args.no_hard:
-        cases += [("sessions + prefix cache + affinity", None, sessions_scenario(small, args.rate_per_replica)),
-                  ("chunked, overload (preemptions)", None, overload_scenario(small, args.rate_per_replica))]
     # Rounds: every case once per round, so that a slow spell of the machine (wall time on a shared VM
     # moves by up to 2x within minutes) hits all cases alike instead of all repeats of one.
     rounds: list[list[dict[str, float]]] = [[] for _ in cases]
@@ -258,22 +302,24 @@ def main(argv: list[str] | None = None) -> int:
             print(prefix + line(label, results[-1]), flush=True)  # as each case ends: long runs show progress
     if args.repeat > 1:
         print(f"fastest of {args.repeat} rounds:")
-    per_request: dict[tuple[int, int], float] = {}
+    per_request: dict[tuple[str, int, int], float] = {}
     for (label, key, _), results in zip(cases, rounds, strict=True):
         m = best_of(results)
-        if key is not None:
-            per_request[key] = m["wall_s"] / m["requests"]
+        per_request[key] = m["wall_s"] / m["requests"]
         if args.repeat > 1:
             print(line(label, m), flush=True)
-    for replicas in args.replicas:
-        if small != large:
-            ratio = per_request[(replicas, large)] / per_request[(replicas, small)]
-            print(f"scaling in requests ({replicas} replicas): time/request at {large:,} / at {small:,} = {ratio:.2f}")
-    if len(args.replicas) > 1:
-        lo, hi = min(args.replicas), max(args.replicas)
-        for size in args.sizes:
-            ratio = per_request[(hi, size)] / per_request[(lo, size)]
-            print(f"scaling in replicas ({size:,} requests): time/request at {hi} / at {lo} replicas = {ratio:.2f}")
+    for name in names:
+        for replicas in args.replicas:
+            if small != large:
+                ratio = per_request[(name, replicas, large)] / per_request[(name, replicas, small)]
+                print(f"scaling in requests ({name}, {replicas} replicas): time/request at {large:,} / at "
+                      f"{small:,} = {ratio:.2f}")
+        if len(args.replicas) > 1:
+            lo, hi = min(args.replicas), max(args.replicas)
+            for size in args.sizes:
+                ratio = per_request[(name, hi, size)] / per_request[(name, lo, size)]
+                print(f"scaling in replicas ({name}, {size:,} requests): time/request at {hi} / at {lo} replicas "
+                      f"= {ratio:.2f}")
     return 0
 
 
