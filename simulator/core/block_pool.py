@@ -89,8 +89,9 @@ class BlockPool:
         """The ``_offset`` of each chunk below the top, bottom first (kept when a chunk is covered)."""
         self._num_freed = 0
         """Live entries of ``_freed`` (with caching) or blocks in ``_chunks`` (without)."""
-        self._hash_of: dict[int, int] = {}
-        """Block id -> the hash it is indexed under."""
+        self._hash_of: list[Any] = []
+        """With caching: the hash each block handed out so far is indexed under, None for none (index = block
+        id, as ``_ref``): a list, not a dict, so that every free and every eviction reads it by index."""
         self.cached: dict[int, int] = {}
         """Hash -> block id: the prefix-cache index (the oldest copy still cached)."""
         self._copies: dict[int, list[int]] = {}
@@ -128,7 +129,8 @@ class BlockPool:
 
     def block_hash(self, block_id: int) -> int | None:
         """The hash a block is indexed under (it keeps it while free, until it is popped for reuse)."""
-        return self._hash_of.get(block_id)
+        hash_of = self._hash_of
+        return hash_of[block_id] if block_id < len(hash_of) else None
 
     @property
     def free_queue(self) -> list[int]:
@@ -186,27 +188,34 @@ class BlockPool:
                 return out
         num_fresh = min(num_blocks, self.num_blocks - start)
         remaining = num_blocks - num_fresh
-        out += range(start, start + num_fresh)
-        if num_fresh:
+        if num_fresh == 1:  # the usual case (a decode token starting a block): no temporary lists
+            self._num_handed = start + 1
+            out.append(start)
+            ref.append(1)
+            self._entries.append(0)
+            self._hash_of.append(None)
+        elif num_fresh:
             self._num_handed = start + num_fresh
+            out += range(start, start + num_fresh)
             ref.extend([1] * num_fresh)
             self._entries.extend([0] * num_fresh)
+            self._hash_of.extend([None] * num_fresh)
         if not remaining:
             return out
         self._num_freed -= remaining
         freed = self._freed
         head: i64 = self._freed_head
         entries = self._entries
-        hash_of: dict[Any, Any] = self._hash_of
+        hash_of = self._hash_of
         while remaining:
             block_id = freed[head]
             head += 1
             entries[block_id] -= 1
             if entries[block_id] or ref[block_id]:
                 continue  # a stale entry: the block was taken by a hit, or freed again later
-            held: Any = block_id  # an object for the dict: compiled, not boxed anew
-            block_hash = hash_of.pop(held, None)
+            block_hash = hash_of[block_id]
             if block_hash is not None:
+                hash_of[block_id] = None
                 self._uncache(block_hash, block_id)
             ref[block_id] = 1
             out.append(block_id)
@@ -347,7 +356,7 @@ class BlockPool:
         # Ids held as objects too: compiled, the queue takes the very object (an id boxed anew per free
         # would be an allocation); the int indexes the per-block lists.
         given: list[Any] = blocks if isinstance(blocks, list) else list(blocks)
-        hash_of: dict[Any, Any] = self._hash_of
+        hash_of = self._hash_of
         unhashed: list[int] = []
         first = self.unhashed_first
         for held in given:
@@ -355,7 +364,7 @@ class BlockPool:
             count = ref[block_id] - 1
             ref[block_id] = count
             if count == 0:
-                if first and held not in hash_of:
+                if first and hash_of[block_id] is None:
                     unhashed.append(block_id)
                     continue
                 freed.append(held)
@@ -371,23 +380,28 @@ class BlockPool:
     def cache_blocks(self, block_ids: Sequence[int], block_hashes: Sequence[int]) -> None:
         """Index each (block, hash) pair in order; a block already indexed is left as it is, and a hash
         another block already holds is indexed as a further copy (lookups keep answering with the oldest)."""
-        if not self.enable_caching:
-            return
         if len(block_ids) != len(block_hashes):
             raise ValueError(f"{len(block_ids)} blocks but {len(block_hashes)} hashes")
-        # Ids and hashes typed as objects, in lists: compiled, they go from list to dict as they are (as
-        # ints they would be unboxed and boxed anew for every dict operation, and a Sequence is indexed
-        # through a generic call). Indexed, not zip(strict=True): that zip is a generic keyword call.
-        ids: list[Any] = block_ids if isinstance(block_ids, list) else list(block_ids)
-        hashes: list[Any] = block_hashes if isinstance(block_hashes, list) else list(block_hashes)
-        hash_of: dict[Any, Any] = self._hash_of
+        self.cache_range(list(block_ids), list(block_hashes), 0, len(block_ids))
+
+    def cache_range(self, block_ids: list[int], block_hashes: list[int], start: int, stop: int) -> None:
+        """``cache_blocks(block_ids[start:stop], block_hashes[start:stop])`` without the slices: a request's
+        table and hashes, indexed from its first block not yet indexed."""
+        if not self.enable_caching:
+            return
+        # Ids and hashes typed as objects: compiled, they go from list to dict as they are (as ints they would
+        # be unboxed and boxed anew for every dict operation). Indexed, not zip(strict=True): that zip is a
+        # generic keyword call.
+        ids: list[Any] = block_ids
+        hashes: list[Any] = block_hashes
+        hash_of = self._hash_of
         cached: dict[Any, Any] = self.cached
-        i: i64 = 0
-        count: i64 = len(ids)
+        i: i64 = start
+        count: i64 = stop
         while i < count:
             block_id = ids[i]
-            block_hash = hashes[i]
-            if block_id not in hash_of:
+            if hash_of[block_id] is None:
+                block_hash = hashes[i]
                 hash_of[block_id] = block_hash
                 if block_hash in cached:
                     self._copies.setdefault(block_hash, []).append(block_id)

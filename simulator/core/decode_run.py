@@ -193,17 +193,11 @@ class DecodeRun:
             previous = event
             j = event // n
             request = requests[event - j * n]
-            # The request as it stands when step j is scheduled, for the allocation only; then back to
-            # the run's common counter step.
-            computed = request.num_computed_tokens
-            outputs = request.num_output_tokens
-            request.num_computed_tokens = computed + (j - 1 - counter_step)
-            request.num_output_tokens = outputs + (j - 1 - counter_step)
-            allocated = kv.allocate(request, 1)
-            request.num_computed_tokens = computed
-            request.num_output_tokens = outputs
-            if allocated is None:  # steady_decode_steps checked the pool: cannot happen
-                raise AssertionError(f"decode run: no KV for {request} at step {j}")
+            # allocate(request, 1) as the request stands when step j is scheduled (steady_decode_steps
+            # checked the pool holds every block the run pops).
+            delta = j - 1 - counter_step
+            kv.append_decode_token(request, request.num_computed_tokens + delta,
+                                   request.num_prompt_tokens + request.num_output_tokens + delta)
 
     def _append_blocks_until(self, step: int) -> None:
         """Without the prefix cache: pop a block onto each table whose request starts one on a step from

@@ -167,6 +167,23 @@ class KVManager:
             return min(known // bs, len(request.block_hashes)) <= request.num_indexed_blocks
         return (computed + 1) % bs != 0
 
+    def append_decode_token(self, request: Request, position: int, num_tokens: int) -> None:
+        """``allocate(request, 1)`` for a decode token at ``position`` of a request holding its blocks, when
+        the request has ``num_tokens`` tokens and the pool has a free block: a fresh block if the token
+        starts one, then the blocks full of known tokens indexed. What a decode run does on the steps where
+        a request's KV changes, without setting the request's counters to that step."""
+        table = request.block_table
+        bs = self.block_size
+        if position >= len(table) * bs:
+            table.append(self.pool.get_new_blocks(1)[0])
+        if self.enable_caching:
+            known = position + 1 if position < num_tokens else num_tokens
+            num_full = min(known // bs, len(request.block_hashes))
+            start = request.num_indexed_blocks
+            if num_full > start:
+                self.pool.cache_range(table, request.block_hashes, start, num_full)
+                request.num_indexed_blocks = num_full
+
     def append_blocks(self, tables: list[list[int]]) -> None:
         """One fresh block at the end of each listed table (a request's ``block_table``, the list itself),
         popped in the order listed (a table listed twice gets two): ``allocate(request, 1)`` for decode
@@ -196,7 +213,7 @@ class KVManager:
         start = request.num_indexed_blocks
         if num_full <= start:
             return
-        self.pool.cache_blocks(blocks[start:num_full], request.block_hashes[start:num_full])
+        self.pool.cache_range(blocks, request.block_hashes, start, num_full)
         request.num_indexed_blocks = num_full
 
     def record_lookup(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
