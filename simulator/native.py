@@ -18,16 +18,11 @@ Standard library only (``simulator/__init__`` installs the loader before ``simul
 from __future__ import annotations
 
 import hashlib
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import json
 import os
-import shutil
-import subprocess
 import sys
-import sysconfig
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -69,11 +64,17 @@ def source_digest() -> str:
     """Digest of the compiled modules' sources and the interpreter: names the build that matches them."""
     h = hashlib.sha256()
     h.update(sys.implementation.cache_tag.encode())
-    h.update(str(sysconfig.get_config_var("EXT_SUFFIX")).encode())
+    h.update(_ext_suffix().encode())
     for module in MODULES:
         h.update(module.encode())
         h.update(_source(module).read_bytes())
     return h.hexdigest()[:20]
+
+
+def _ext_suffix() -> str:
+    """The interpreter's extension-module suffix (sysconfig's EXT_SUFFIX; the import system lists it first,
+    without importing sysconfig at every start)."""
+    return importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
 def cache_root() -> Path:
@@ -88,8 +89,9 @@ def build_dir(digest: str | None = None) -> Path:
     return cache_root() / (digest or source_digest())
 
 
-class _NativeFinder(importlib.abc.MetaPathFinder):
-    """Serves the compiled modules (and mypyc's shared library) from one build folder."""
+class _NativeFinder:
+    """Serves the compiled modules (and mypyc's shared library) from one build folder: a meta path finder
+    (``find_spec`` is all the import system asks of one; importlib.abc is not imported at every start)."""
 
     def __init__(self, files: dict[str, Path]) -> None:
         self.files = files
@@ -159,6 +161,11 @@ def build(progress: Callable[[str], None] = print) -> Path:
 
     The whole ``simulator`` package is copied to a scratch folder (mypyc type-checks the compiled modules
     against their imports), compiled there, and only the extension files are kept."""
+    import shutil  # here, not at import: every run imports this module, few build
+    import subprocess
+    import sysconfig
+    import tempfile
+
     digest = source_digest()
     target = build_dir(digest)
     if (target / _MANIFEST).is_file():
@@ -188,7 +195,7 @@ def build(progress: Callable[[str], None] = print) -> Path:
             raise NativeBuildError("mypyc failed: " + " | ".join(tail))
         staging = Path(tempfile.mkdtemp(prefix=f"{digest}-", dir=_ensure(cache_root())))
         files: dict[str, str] = {}
-        suffix = sysconfig.get_config_var("EXT_SUFFIX")
+        suffix = _ext_suffix()
         for so in work.rglob(f"*{suffix}"):
             rel = so.relative_to(work)
             if rel.parts[0] == "build":

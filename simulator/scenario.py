@@ -37,7 +37,7 @@ PresetName = Literal["vllm", "tgi", "trtllm", "trtllm-max-util"]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class KVConfig(_Section):

@@ -32,7 +32,7 @@ _EngineName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9.-]*$")
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class Basis(StrEnum):

@@ -47,7 +47,7 @@ SAMPLER_FP32_BYTES_PER_LOGIT = 13
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class RankMemoryShape(_Frozen):

@@ -29,7 +29,7 @@ SCHEMA_VERSION: Literal[1] = 1
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class ProfileKind(StrEnum):
