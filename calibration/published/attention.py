@@ -9,7 +9,8 @@ per-sequence costs (d0, d1, p0) are kept; the context term scales with KV bytes 
 rank, ``k' = k · (kv_heads' · head_dim') / (kv_heads · head_dim)``; the pair term with the FLOPs per pair,
 ``q' = q · (q_heads' · head_dim') / (q_heads · head_dim)``; on another GPU, ``k`` by the ratio of the two
 GPUs' measured weight-streaming GEMM cost per parameter at one token (achieved bandwidth) and ``q`` by
-that ratio at 4,096 tokens (achieved tensor-core rate), both from the fitted ``KernelModel``s. A sample
+that ratio at 4,096 tokens (achieved tensor-core rate), both from the trend across shapes of the fitted
+``KernelModel``s. A sample
 row keeps its own residual from the fit: only the scaled term changes.
 """
 
@@ -82,8 +83,8 @@ class AttentionScale:
         ctx = shape.num_kv_heads * shape.head_dim / (table.kv_heads * table.head_dim)
         pairs = shape.num_heads * shape.head_dim / (table.q_heads * table.head_dim)
         if gpu is not None and a100 is not None and gpu.hardware != a100.hardware:
-            ctx *= float(gpu.gemm(1, 1e8)[()] / a100.gemm(1, 1e8)[()])
-            pairs *= float(gpu.gemm(4096, 1e8)[()] / a100.gemm(4096, 1e8)[()])
+            ctx *= float(gpu.trend(1, 1e8)[()] / a100.trend(1, 1e8)[()])
+            pairs *= float(gpu.trend(4096, 1e8)[()] / a100.trend(4096, 1e8)[()])
         return AttentionScale(ctx=ctx, pairs=pairs)
 
 

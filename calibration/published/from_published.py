@@ -202,7 +202,9 @@ def rules(own_rows: bool, hardware: str, tp: int, kernels: KernelModel, attentio
         ("layer operators and embedding: this model's rows at this TP, linear between measured token counts"
          if own_rows else
          f"layer operators and embedding: kernel model fitted on {', '.join(kernels.trained_on)} "
-         "(GEMM a(M) + b(M)·params per token count, elementwise c0 + c1·elements), from this model's shape"),
+         "(GEMM (a(M) + b(M)·K·N) · exp(c(M, K, N)): the trend across shapes at each token count times the "
+         "departure of trained GEMMs of nearby K and N; elementwise e0(M) + e1(M)·width), from this model's "
+         "shape"),
         "LM head (not measured): a GEMM over one row per sequence against hidden × vocab / TP, priced by the "
         "kernel model of this GPU",
         "attention: the A100 Llama-2-70B TP-2 attention rows; launch and per-sequence costs kept, context term "

@@ -63,7 +63,8 @@ def test_kernel_model_predicts_a_model_it_never_saw() -> None:
         predicted = step_parts("llama-2-70b", tp, kernels, None, None).layer_ops(tokens)
         errors.append(np.abs(predicted / measured - 1))
     e = np.concatenate(errors)
-    assert np.median(e) < 0.05 and e.max() < 0.25
+    # Held out, its layer sums come within 1.6 % (median) and 8.8 % (worst) on this data: a margin above.
+    assert np.median(e) < 0.03 and e.max() < 0.12
 
 
 def test_allreduce_curve_rises_and_prices_bytes() -> None:
