@@ -11,9 +11,10 @@ simulator reprices it by these rules, and the profile's label says it was repric
   parameter over 2) and their GEMM rate by the accelerator's tensor-core ratio (``dtypes.gemm_rate_ratio``:
   fp8 where the tensor cores have it, else weight-only at the 16-bit rate). The analytic form scales its
   weight stream ``W`` by ``r_b`` and its per-token compute ``f`` by ``1/ratio``. A measured token curve t(N)
-  is split by its own floor W = t(first knot): the share W/t(N) of each knot is weight-stream bound and
-  scales by ``r_b``, the rest by ``1/ratio``, i.e. ``t' = r_b·W²/t + (t − W)/ratio``: the whole curve at
-  one token, the compute-bound slope at thousands. Freed weight bytes go to the KV pool. The LM head,
+  is split by its own floor W = t(first knot): the part W·(W/t) of each knot is weight-stream bound (all of
+  it at one token, fading as compute takes over) and scales by ``r_b``, the rest by ``1/ratio``, i.e.
+  ``t' = r_b·W²/t + (t − W²/t)/ratio``: the whole curve at one token, the compute-bound slope at
+  thousands, and the curve itself when both ratios are 1. Freed weight bytes go to the KV pool. The LM head,
   norms and all-reduces keep their 16-bit cost.
 
 Device-free: the scenario loader calls it with the accelerator's datasheet row.
@@ -32,7 +33,7 @@ def repriced_curve(curve: PiecewiseLinear, bytes_ratio: float, rate_ratio: float
     values = []
     for t in curve.y:
         weight_bound = floor * floor / t if t > 0 else 0.0
-        values.append(bytes_ratio * weight_bound + (t - floor) / rate_ratio)
+        values.append(bytes_ratio * weight_bound + (t - weight_bound) / rate_ratio)
     for i in range(1, len(values)):  # keep it non-decreasing, as the fit made it
         values[i] = max(values[i], values[i - 1])
     return PiecewiseLinear(x=curve.x, y=tuple(values))

@@ -34,6 +34,18 @@ def test_same_dtypes_are_the_same_profile() -> None:
     assert at_dtypes(FITTED, H100, weight_dtype=WeightDtype.BFLOAT16, kv_dtype=KvDtype.BFLOAT16) is FITTED
 
 
+def test_a_curve_repriced_at_unit_ratios_is_the_curve() -> None:
+    """Only the KV dtype (or bf16 -> fp16 weights) changes: the token curve stays exactly as fitted."""
+    from simulator.cost.reprice import repriced_curve
+
+    curve = FITTED.device_s.token_curve
+    assert curve is not None
+    assert repriced_curve(curve, 1.0, 1.0).y == pytest.approx(curve.y, rel=1e-12)
+    fp8_kv = at_dtypes(FITTED, H100, kv_dtype=KvDtype.FP8)
+    assert fp8_kv.device_s.token_curve is not None
+    assert fp8_kv.device_s.token_curve.y == pytest.approx(curve.y, rel=1e-12)
+
+
 @pytest.mark.parametrize("profile", [FITTED, ANALYTIC], ids=["curve", "analytic"])
 def test_fp8_weights_halve_decode_and_speed_prefill_on_hopper(profile) -> None:
     hw = get_accelerator(profile.hardware)
