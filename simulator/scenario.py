@@ -110,7 +110,9 @@ class FleetConfig(_Section):
     hardware: str = "H200"
     """Accelerator short name in calibration/hardware.yaml (H100, H200, A100, L40S, B200)."""
     model: str = "llama-3-8b"
-    """Model the replicas serve (llama-3-8b, llama-3-70b, llama-3-405b, or a calibration model)."""
+    """Model the replicas serve (llama-3-8b, llama-3-70b, llama-3-405b, the mixtures of experts mixtral-8x7b,
+    qwen3-30b-a3b and deepseek-v3, or a calibration model). An MoE model's expert-parallel layout is its
+    profile's (``...-tp2-ep2-analytic``; the plain ``-tp2-`` one is chosen by default)."""
     tp: int = Field(default=1, ge=1)
     """Tensor-parallel degree: GPUs per replica."""
     profile: str | None = None
