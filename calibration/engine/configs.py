@@ -135,7 +135,7 @@ class ModelShape:
     @property
     def num_moe_layers(self) -> int:
         """Layers whose FFN is a mixture of experts."""
-        return 0 if self.moe is None else self.num_layers - self.moe.num_dense_layers
+        return 0 if self.moe is None else max(0, self.num_layers - self.moe.num_dense_layers)
 
     @property
     def num_dense_layers(self) -> int:
