@@ -267,3 +267,38 @@ def test_moe_profile_round_trips_through_yaml(tmp_path: Any) -> None:
     shape = StepShape(3, 300, 2, 4000, 298, 298 * 150.0)
     assert a.step_time(shape) == b.step_time(shape)
     assert np.isfinite(a.step_time(shape))
+
+
+# ----- a scenario's routing ----------------------------------------------------------------------------------
+
+SCENARIO: dict[str, Any] = {
+    "schema_version": 1, "name": "moe-routing",
+    "workload": {"num_requests": 20, "arrival": {"process": "poisson", "rate_rps": 5},
+                 "prompt_tokens": {"dist": "fixed", "value": 100}, "output_tokens": {"dist": "fixed", "value": 10}},
+    "fleet": {"hardware": "H200", "model": "qwen3-30b-a3b", "tp": 1},
+}
+
+
+def test_scenario_sets_the_routing_of_an_moe_profile() -> None:
+    from simulator.scenario import load_mapping, resolve_replica
+
+    loaded = load_mapping(SCENARIO, ["fleet.expert_routing=zipf", "fleet.zipf_exponent=0.6"])
+    moe = resolve_replica(loaded.scenario).profile.moe
+    assert moe is not None and moe.routing is Routing.ZIPF and moe.zipf_exponent == 0.6
+    plain = resolve_replica(load_mapping(SCENARIO).scenario).profile.moe
+    assert plain is not None and plain.routing is Routing.UNIFORM
+
+
+@pytest.mark.parametrize("overrides,field,words", [
+    (["fleet.model=llama-3-8b", "fleet.expert_routing=uniform"], "fleet.expert_routing", "not a mixture of experts"),
+    (["fleet.zipf_exponent=0.5"], "fleet", "zipf_exponent needs expert_routing zipf"),
+    (["fleet.expert_routing=zipf"], "fleet.zipf_exponent", "needs fleet.zipf_exponent"),
+    (["fleet.expert_routing=zipfian"], "fleet.expert_routing", "'uniform' or 'zipf'"),
+])
+def test_bad_scenario_routing_is_one_line(overrides: list[str], field: str, words: str) -> None:
+    from simulator.scenario import load_mapping
+
+    with pytest.raises(ConfigError) as info:
+        load_mapping(SCENARIO, overrides)
+    assert info.value.field == field and words in info.value.message
+    assert "\n" not in str(info.value)
