@@ -435,20 +435,28 @@ def _knots(curve: PiecewiseLinear | None) -> tuple[list[float] | None, list[floa
 def _comm_terms(comm: CommModel | None, tp: int, moe: MoeCoefficients | None = None) -> tuple[float, float]:
     """(fixed seconds, seconds per token) of one step's all-reduces, and with expert parallelism its
     all-to-alls: linear in tokens."""
+    if moe is not None and moe.ep > 1 and tp > 1:
+        return _expert_parallel_comm_terms(comm, tp, moe)
     if comm is None or tp <= 1:
         return 0.0, 0.0
     count = comm.num_allreduce_per_layer * comm.num_layers
-    if moe is None or moe.ep <= 1:
-        fixed = count * comm.alpha_s
-        bytes_per_token = comm.hidden_size * comm.dtype_bytes
-        per_token = count * 2.0 * (tp - 1) / tp * bytes_per_token / comm.bus_bandwidth_Bps
+    fixed = count * comm.alpha_s
+    bytes_per_token = comm.hidden_size * comm.dtype_bytes
+    per_token = count * 2.0 * (tp - 1) / tp * bytes_per_token / comm.bus_bandwidth_Bps
+    return fixed, per_token
+
+
+def _expert_parallel_comm_terms(comm: CommModel | None, tp: int, moe: MoeCoefficients) -> tuple[float, float]:
+    """``_comm_terms`` at ep > 1: each MoE layer's all-reduce gives way to a dispatch and a combine (the
+    attention's all-reduce becomes a reduce-scatter before dispatch and an all-gather after combine: the same
+    bytes, so it stays priced as one all-reduce)."""
+    fixed, per_token = all_to_all_terms(moe, tp)
+    if comm is None:
         return fixed, per_token
-    # Expert parallelism: each MoE layer's all-reduce gives way to a dispatch and a combine (the attention's
-    # all-reduce becomes a reduce-scatter before dispatch and an all-gather after combine: the same bytes).
-    ar_fixed, ar_per_token = _comm_terms(comm.model_copy(update={"num_allreduce_per_layer": 1, "num_layers": 1}), tp)
-    a2a_fixed, a2a_per_token = all_to_all_terms(moe, tp)
-    num_allreduces = count - moe.num_moe_layers
-    return num_allreduces * ar_fixed + a2a_fixed, num_allreduces * ar_per_token + a2a_per_token
+    one_fixed, one_per_token = _comm_terms(comm.model_copy(update={"num_allreduce_per_layer": 1, "num_layers": 1}),
+                                           tp)
+    num_allreduces = comm.num_allreduce_per_layer * comm.num_layers - moe.num_moe_layers
+    return num_allreduces * one_fixed + fixed, num_allreduces * one_per_token + per_token
 
 
 def all_to_all_terms(moe: MoeCoefficients, tp: int) -> tuple[float, float]:

@@ -302,3 +302,9 @@ def test_bad_scenario_routing_is_one_line(overrides: list[str], field: str, word
         load_mapping(SCENARIO, overrides)
     assert info.value.field == field and words in info.value.message
     assert "\n" not in str(info.value)
+
+
+def test_all_to_all_is_priced_without_an_allreduce_model() -> None:
+    profile = moe_profile(2, 2).model_copy(update={"comm": None})
+    assert profile.moe is not None
+    assert CostModel(profile)._comm_per_token == all_to_all_terms(profile.moe, 2)[1] > 0
