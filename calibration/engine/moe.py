@@ -13,7 +13,7 @@ parallelism is priced analytically (``simulator.cost.moe``): here every expert l
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -21,14 +21,17 @@ from torch import nn
 
 from calibration.engine.configs import ModelShape
 
-if TYPE_CHECKING:
-    from calibration.engine.model import _Init
+
+class ParameterSource(Protocol):
+    """Where the layer's seeded random weights come from (``model._Init``)."""
+
+    def normal(self, *size: int) -> nn.Parameter: ...
 
 
 class MoeMLP(nn.Module):
     """Router, E routed SwiGLU experts (gate and up fused, stacked on a leading expert axis), shared experts."""
 
-    def __init__(self, shape: ModelShape, init: _Init) -> None:
+    def __init__(self, shape: ModelShape, init: ParameterSource) -> None:
         super().__init__()
         moe = shape.moe
         if moe is None:

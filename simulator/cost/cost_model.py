@@ -115,7 +115,7 @@ class CostModel:
         self._factor = factor
         self._decode_consts: dict[int, tuple[float, float]] = {}
         """(base, host) seconds of a decode-only step of each batch size seen (``decode_step_ends``)."""
-        self._experts = ExpertReads(profile.moe, profile.tp) if profile.moe is not None else None
+        self._experts = ExpertReads(profile.moe) if profile.moe is not None else None
         """The routed experts' reads of a mixture-of-experts profile; None for a dense one."""
         self._expert_cache: dict[int, float] = {}
         """Seconds of the routed-expert term by new tokens in the step, for every count seen."""
@@ -462,7 +462,8 @@ def _expert_parallel_comm_terms(comm: CommModel | None, tp: int, moe: MoeCoeffic
 def all_to_all_terms(moe: MoeCoefficients, tp: int) -> tuple[float, float]:
     """(fixed seconds, seconds per token) of a step's dispatches and combines at ep > 1: two all-to-alls per
     MoE layer, each α + bytes one GPU sends / its bandwidth, where a GPU holds N/tp of the step's tokens and
-    sends each to the ``moe.dispatch_fanout`` other GPUs holding its experts (hidden x dtype bytes a copy)."""
+    sends each to the ``simulator.cost.moe.dispatch_fanout`` other GPUs holding its experts (hidden x dtype
+    bytes a copy)."""
     if moe.ep <= 1 or moe.all_to_all_bandwidth_Bps is None:
         return 0.0, 0.0
     calls = 2 * moe.num_moe_layers
@@ -473,11 +474,11 @@ def all_to_all_terms(moe: MoeCoefficients, tp: int) -> tuple[float, float]:
 
 class ExpertReads:
     """The routed-expert term of an MoE profile as a function of a step's new tokens N: how many experts the
-    busiest GPU reads, R(N), and the term's seconds. Plain Python, asked once per distinct N."""
+    busiest GPU reads, R(N), and the term's seconds. Off the per-step path: asked once per distinct N."""
 
     __slots__ = ("_busiest", "_probabilities", "moe")
 
-    def __init__(self, moe: MoeCoefficients, tp: int) -> None:
+    def __init__(self, moe: MoeCoefficients) -> None:
         self.moe = moe
         self._probabilities = routing.inclusion_probabilities(moe.num_experts, moe.experts_per_token, moe.routing,
                                                               moe.zipf_exponent)
