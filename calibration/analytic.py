@@ -18,14 +18,17 @@ from pathlib import Path
 from calibration import scale
 from calibration.engine.configs import ModelShape, get_model
 from simulator.cost import dtypes
+from simulator.cost import moe as routing
 from simulator.cost.dtypes import KvDtype, WeightDtype
 from simulator.cost.kv_pool import KvPool, KvPoolError, RankMemoryShape, VllmSettings, kv_pool, serve_defaults
+from simulator.cost.moe import Routing
 from simulator.cost.profile import (
     Accelerator,
     CommModel,
     DeviceCoefficients,
     HostCoefficients,
     MemoryFigures,
+    MoeCoefficients,
     Profile,
     ProfileKind,
     Provenance,
@@ -48,6 +51,12 @@ ALLREDUCE_ALPHA_S = 8e-6
 
 KNEE_P = 4.0
 """Smoothmax exponent of the memory/compute knee (research §4.3)."""
+
+ALL_TO_ALL_EFFICIENCY = 0.765
+"""Achieved / one direction of NVLink for an expert-parallel dispatch or combine: DeepEP's intranode EP8
+kernels reach a 153 GB/s (dispatch) and 158 GB/s (combine) bottleneck bandwidth on H800, whose NVLink moves
+200 GB/s per direction (github.com/deepseek-ai/DeepEP README, "Normal kernels with NVLink and RDMA
+forwarding"; NVIDIA H800 SXM: NVLink 400 GB/s). The lower, dispatch, figure: 153 / 200."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,7 +109,18 @@ def dtype_bytes(dtype: str) -> int:
 
 def linear_params(shape: ModelShape) -> int:
     """Parameters of the decoder's linear layers on one rank: the part a weight dtype quantizes."""
-    return shape.num_layers * (shape.params_per_layer - 2 * shape.hidden_size)
+    return shape.num_linear_params
+
+
+def ffn_peak_width(shape: ModelShape) -> int:
+    """FFN width per token at the forward's widest point on one rank (vLLM's profiling run): the dense FFN,
+    or an MoE layer's k routed copies of a token (its fused-MoE gate-up and activation caches hold every
+    token k times, an average k/ep of them on this GPU) plus its shared experts, whichever is wider."""
+    moe = shape.moe
+    if moe is None:
+        return shape.intermediate_size
+    moe_width = (moe.experts_per_token + moe.num_shared_experts) * moe.expert_intermediate_size // moe.ep
+    return max(moe_width, shape.intermediate_size if shape.num_dense_layers else 0)
 
 
 def weight_bytes(shape: ModelShape, dtype: WeightDtype = WeightDtype.BFLOAT16) -> int:
@@ -119,7 +139,7 @@ def rank_memory_shape(shape: ModelShape, dtype: WeightDtype, kv_dtype: KvDtype) 
     return RankMemoryShape(
         num_layers=shape.num_layers,
         hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
+        intermediate_size=ffn_peak_width(shape),
         vocab_size=shape.vocab_size * shape.tp,  # the sampler sees the gathered (full) vocabulary
         head_dim=shape.head_dim,
         max_position=shape.max_position,
@@ -189,26 +209,62 @@ def device_coefficients(
 ) -> DeviceCoefficients:
     """Roofline coefficients of one rank: bytes / achieved bandwidth and FLOPs / achieved rate. ``nbytes``
     is the activation dtype's size; the linear layers' weights are read and multiplied at ``dtype`` (bytes
-    and GEMM rate), the LM head and norms at 16 bits, the KV cache at ``kv_dtype``."""
+    and GEMM rate), the LM head and norms at 16 bits, the KV cache at ``kv_dtype``. Of an MoE model these
+    are the dense part's (``moe_coefficients`` prices the routed experts)."""
     kv_dtype = kv_dtype or dtypes.default_kv_dtype(dtype)
     bandwidth = hw.memory_bandwidth_Bps * eff.bandwidth
     flop_rate = hw.dense_bf16_flops * eff.flops
     params_read = shape.num_params_read_per_step
-    linear = linear_params(shape)
+    linear = shape.num_linear_params_read_per_step
     bytes_read = dtypes.weight_bytes(linear, params_read - linear, dtype)
     # Logits of each sequence are written in fp32 and read back by the sampler.
     logits_bytes = 2 * 4 * shape.vocab_size
+    # Decode attention streams each cached token's KV bytes, or, where it does more FLOPs per byte than the
+    # GPU's ridge (MLA's absorbed decode), is bound by those FLOPs instead.
+    kv_read_s = shape.kv_bytes_per_token(dtypes.kv_bytes_per_element(kv_dtype)) / (
+        hw.memory_bandwidth_Bps * eff.kv_bandwidth)
+    kv_compute_s = shape.decode_attention_flops_per_context_token() / (hw.dense_bf16_flops * eff.attention_flops)
     return DeviceCoefficients(
         a0_s=shape.num_layers * eff.kernel_floor_s_per_layer,
         weight_s=bytes_read / bandwidth,
         per_token_s=2.0 * (linear / dtypes.gemm_rate_ratio(hw, dtype) + (params_read - linear)) / flop_rate,
         knee_p=KNEE_P,
-        per_ctx_token_s=shape.kv_bytes_per_token(dtypes.kv_bytes_per_element(kv_dtype))
-        / (hw.memory_bandwidth_Bps * eff.kv_bandwidth),
+        per_ctx_token_s=max(kv_read_s, kv_compute_s),
         # QK^T and PV: 2 matmuls x 2 FLOPs per head dimension, per query head and layer.
-        per_attn_pair_s=4.0 * shape.head_dim * shape.num_heads * shape.num_layers
-        / (hw.dense_bf16_flops * eff.attention_flops),
+        per_attn_pair_s=shape.attention_flops_per_pair() / (hw.dense_bf16_flops * eff.attention_flops),
         per_seq_s=logits_bytes / bandwidth,
+    )
+
+
+def moe_coefficients(hw: Accelerator, shape: ModelShape, eff: Efficiencies, dtype: WeightDtype,
+                     nbytes: int, routing_law: Routing = Routing.UNIFORM, zipf_exponent: float = 0.0
+                     ) -> MoeCoefficients | None:
+    """The routed experts of one rank of ``shape`` (sharded at its tp and ep): the bytes of its share of one
+    expert over every MoE layer at the weight dtype and the time to stream them, the expert GEMMs' seconds
+    per token by active parameters (k/ep of the rank's experts' slices per token, on average), and at ep > 1
+    the all-to-all over NVLink (or PCIe) at the achieved fraction DeepEP reports. None for a dense model."""
+    moe = shape.moe
+    if moe is None:
+        return None
+    expert_params = shape.num_moe_layers * shape.expert_params
+    expert_bytes = dtypes.weight_bytes(expert_params, 0, dtype)
+    active_params = moe.experts_per_token * expert_params / moe.ep
+    link = (hw.nvlink_bidirectional_Bps / 2 * ALL_TO_ALL_EFFICIENCY if hw.nvlink_bidirectional_Bps is not None
+            else hw.host_link_bidirectional_Bps / 2 * eff.pcie)
+    return MoeCoefficients(
+        num_experts=moe.num_experts,
+        experts_per_token=moe.experts_per_token,
+        num_moe_layers=shape.num_moe_layers,
+        ep=moe.ep,
+        routing=routing_law,
+        zipf_exponent=zipf_exponent,
+        expert_bytes=expert_bytes,
+        expert_weight_s=expert_bytes / (hw.memory_bandwidth_Bps * eff.bandwidth),
+        expert_per_token_s=2.0 * active_params / dtypes.gemm_rate_ratio(hw, dtype) / (hw.dense_bf16_flops * eff.flops),
+        hidden_size=shape.hidden_size,
+        dtype_bytes=nbytes,
+        all_to_all_alpha_s=ALLREDUCE_ALPHA_S if moe.ep > 1 else 0.0,
+        all_to_all_bandwidth_Bps=link if moe.ep > 1 else None,
     )
 
 
@@ -223,8 +279,31 @@ def comm_model(hw: Accelerator, shape: ModelShape, nbytes: int, eff: Efficiencie
     return scale.comm_model(shape, shape.tp, alpha_s=ALLREDUCE_ALPHA_S, bus_bandwidth_Bps=bus, dtype_bytes=nbytes)
 
 
-def profile_name(hardware: str, model: str, tp: int) -> str:
-    return f"{hardware.lower()}-{model}-tp{tp}-analytic"
+def profile_name(hardware: str, model: str, tp: int, ep: int = 1) -> str:
+    layout = f"tp{tp}" if ep == 1 else f"tp{tp}-ep{ep}"
+    return f"{hardware.lower()}-{model}-{layout}-analytic"
+
+
+def moe_rules(shape: ModelShape, moe: MoeCoefficients, tp: int) -> str:
+    """The rules behind an MoE profile's expert terms, for its provenance."""
+    fanout = routing.dispatch_fanout(moe.num_experts, moe.experts_per_token, moe.ep, tp)
+    shares = routing.inclusion_probabilities(moe.num_experts, moe.experts_per_token, moe.routing, moe.zipf_exponent)
+    skew = (f"zipf with exponent {moe.zipf_exponent:.3g} (load Gini {routing.gini(shares):.3f})"
+            if moe.routing is Routing.ZIPF else "uniform")
+    layout = ("experts tensor-parallel over all GPUs, MoE output all-reduced" if moe.ep == 1 else
+              f"experts in {moe.ep} groups of {moe.num_experts // moe.ep}, each expert split over {tp // moe.ep} "
+              f"GPU(s); per MoE layer a dispatch and a combine all-to-all replace the all-reduce, each GPU sending "
+              f"its N/{tp} tokens to {fanout:.3g} other GPUs on average (once per destination GPU, as DeepEP) at "
+              f"{ALL_TO_ALL_EFFICIENCY} of one NVLink direction (DeepEP's 153 of 200 GB/s on H800), alpha "
+              f"{ALLREDUCE_ALPHA_S * 1e6:.3g} us a call (assumed as the all-reduce's)")
+    return (f" Mixture of experts: {moe.num_experts} routed experts, {moe.experts_per_token} per token, in "
+            f"{moe.num_moe_layers} of {shape.num_layers} layers; device_s prices the dense part (attention, "
+            f"shared experts, dense layers, router, LM head); moe.expert_weight_s = one expert's bytes on a GPU "
+            f"over all MoE layers / (bandwidth x eff), read R(N) times a step, R(N) the experts the busiest GPU "
+            f"touches for N tokens (expected distinct experts D(N) = sum_i 1 - (1 - p_i)^N under {skew} routing; "
+            f"the fullest group's share above ep 1: simulator/cost/moe.py); moe.expert_per_token_s = 2 x k active "
+            f"expert params / (rate x eff) (expert GEMMs assumed as efficient as the dense ones); memory holds all "
+            f"{moe.num_experts} experts; {layout}.")
 
 
 def analytic_profile(
@@ -234,22 +313,27 @@ def analytic_profile(
     dtype: str = "bfloat16",
     *,
     kv_dtype: str | None = None,
+    ep: int = 1,
+    routing_law: Routing = Routing.UNIFORM,
+    zipf_exponent: float = 0.0,
     efficiencies: Efficiencies | None = None,
     table: dict[str, Accelerator] | None = None,
     date: str | None = None,
 ) -> Profile:
     """An analytic Profile of ``model`` at tensor parallelism ``tp`` on ``hardware``, weights in ``dtype``
-    and the KV cache in ``kv_dtype`` (default: the 16-bit activation dtype, vLLM's ``auto``)."""
+    and the KV cache in ``kv_dtype`` (default: the 16-bit activation dtype, vLLM's ``auto``); of an MoE
+    model with its experts in ``ep`` groups, routed by ``routing_law``."""
     eff = efficiencies or Efficiencies()
     hw = get_accelerator(hardware, table)
     weight_dtype = dtypes.parse_weight_dtype(dtype)
     kv = dtypes.parse_kv_dtype(kv_dtype) if kv_dtype is not None else dtypes.default_kv_dtype(weight_dtype)
     nbytes = dtypes.ACTIVATION_BYTES
     try:
-        shape = get_model(model, tp)
+        shape = get_model(model, tp, ep)
     except ValueError as err:
         raise ConfigError(str(err), field="model") from None
     memory = memory_figures(hw, shape, weight_dtype, kv, where="model")
+    moe = moe_coefficients(hw, shape, eff, weight_dtype, nbytes, routing_law, zipf_exponent)
     settings = engine_settings(hw)
     ratio = dtypes.gemm_rate_ratio(hw, weight_dtype)
     source = (
@@ -265,8 +349,15 @@ def analytic_profile(
         f"{settings.max_num_seqs} sequences - non-torch memory) // (block of {settings.block_size} tokens x "
         f"KV bytes per token)."
     )
+    if moe is not None:
+        source += moe_rules(shape, moe, tp)
+    if shape.mla is not None:
+        source += (" Multi-head latent attention: KV = layers x (kv_lora_rank + rope dim) per token, replicated on "
+                   "every GPU (the latent has no heads to split); decode attention is bound by the larger of its KV "
+                   "bytes / (bandwidth x eff) and its absorbed FLOPs 2 x heads x (2 kv_lora_rank + rope dim) x "
+                   "layers / (BF16 rate x attention eff); prefill pairs by 2 x heads x (qk + v head dims) x layers.")
     return Profile(
-        name=profile_name(hardware, model, tp),
+        name=profile_name(hardware, model, tp, ep),
         hardware=hardware,
         model=model,
         tp=tp,
@@ -284,6 +375,7 @@ def analytic_profile(
             date=date or datetime.date.today().isoformat(),
             source=source,
         ),
+        moe=moe,
     )
 
 
@@ -307,7 +399,7 @@ def efficiencies_from(measured: Profile, table: dict[str, Accelerator] | None = 
         bandwidth=params_read * nbytes / (dev.weight_s * hw.memory_bandwidth_Bps),
         flops=2.0 * params_read / (dev.per_token_s * hw.dense_bf16_flops),
         kv_bandwidth=shape.kv_bytes_per_token(nbytes) / (dev.per_ctx_token_s * hw.memory_bandwidth_Bps),
-        attention_flops=4.0 * shape.head_dim * shape.num_heads * shape.num_layers
+        attention_flops=shape.attention_flops_per_pair()
         / (dev.per_attn_pair_s * hw.dense_bf16_flops),
         kernel_floor_s_per_layer=dev.a0_s / shape.num_layers,
         host=measured.host_s,
@@ -359,6 +451,60 @@ def derived_profile(hardware: str, model: str, tp: int, *, table: dict[str, Acce
     return profile
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MoeLayout:
+    """One shipped mixture-of-experts profile: the model, its GPUs and how its experts are laid out on them."""
+
+    model: str
+    """Catalogue name (calibration/engine/configs.py)."""
+    tp: int
+    """GPUs per replica: attention tensor-parallel over all of them."""
+    ep: int = 1
+    """Expert groups (1: every expert split over all tp GPUs)."""
+    dtype: str = "bfloat16"
+    """Weight dtype the model is served in (DeepSeek-V3 ships its checkpoint in fp8)."""
+
+
+SHIPPED_MOE: tuple[MoeLayout, ...] = (
+    MoeLayout(model="mixtral-8x7b", tp=2),
+    MoeLayout(model="mixtral-8x7b", tp=2, ep=2),
+    MoeLayout(model="qwen3-30b-a3b", tp=1),
+    MoeLayout(model="qwen3-30b-a3b", tp=2),
+    MoeLayout(model="qwen3-30b-a3b", tp=2, ep=2),
+    MoeLayout(model="deepseek-v3", tp=8, dtype="fp8"),
+    MoeLayout(model="deepseek-v3", tp=8, ep=8, dtype="fp8"),
+)
+"""The MoE profiles shipped for each of ``SHIPPED_MOE_HARDWARE`` where the model fits."""
+
+SHIPPED_MOE_HARDWARE: tuple[str, ...] = ("H100", "H200")
+
+MOE_EFFICIENCIES_FROM: dict[str, str] = {
+    "mixtral-8x7b": "llama-3-8b",
+    "qwen3-30b-a3b": "llama-3-8b",
+    "deepseek-v3": "llama-3-70b",
+}
+"""No MoE model has published per-operator timings (Vidur's profiles are all dense), so an MoE profile
+carries the efficiencies and host term of the H100 fitted-published profile of a dense model at the same
+TP: Llama-3-8B for Mixtral (the same attention and hidden size) and Qwen3-30B-A3B (the nearest small
+model), Llama-3-70B for DeepSeek-V3 (the largest GEMMs measured). An assumption the profile names."""
+
+
+def moe_profile(hardware: str, layout: MoeLayout, *, table: dict[str, Accelerator] | None = None,
+                date: str | None = None) -> Profile:
+    """An analytic MoE profile with the efficiencies of ``MOE_EFFICIENCIES_FROM``'s fitted H100 profile
+    (assumed ones when that profile is missing)."""
+    table = table if table is not None else load_hardware()
+    dense = MOE_EFFICIENCIES_FROM.get(layout.model)
+    eff = None
+    if dense is not None:
+        try:
+            eff = efficiencies_from(load_profile(f"h100-{dense}-tp{layout.tp}-fitted-published"), table)
+        except ConfigError:
+            eff = None
+    return analytic_profile(hardware, layout.model, layout.tp, layout.dtype, ep=layout.ep, efficiencies=eff,
+                            table=table, date=date)
+
+
 def generate_shipped(out_dir: Path | None = None, *, date: str | None = None) -> tuple[list[Path], list[str]]:
     """Write every shipped (hardware, model, tp) that fits; returns (written paths, skipped reasons). The
     H100 and A100 have fitted-published profiles (``calibration.published.ship``), written first."""
@@ -372,6 +518,14 @@ def generate_shipped(out_dir: Path | None = None, *, date: str | None = None) ->
                 profile = derived_profile(hardware, model, tp, table=table, date=date)
             except ConfigError as err:
                 skipped.append(f"{hardware} {model} tp{tp}: {err.message}")
+                continue
+            written.append(profile.save(out_dir / f"{profile.name}.yaml"))
+    for hardware in SHIPPED_MOE_HARDWARE:
+        for layout in SHIPPED_MOE:
+            try:
+                profile = moe_profile(hardware, layout, table=table, date=date)
+            except ConfigError as err:
+                skipped.append(f"{hardware} {layout.model} tp{layout.tp} ep{layout.ep}: {err.message}")
                 continue
             written.append(profile.save(out_dir / f"{profile.name}.yaml"))
     return written, skipped

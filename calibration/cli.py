@@ -168,7 +168,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
     p.add_argument("--model", default=None,
                    help="catalogue name (calibration/engine/configs.py): tiny, small, llama-3-8b, llama-3-70b, "
-                        "llama-3-405b, llama-2-7b, llama-2-70b, codellama-34b, internlm-20b, phi-2, qwen-72b")
+                        "llama-3-405b, llama-2-7b, llama-2-70b, codellama-34b, internlm-20b, phi-2, qwen-72b, "
+                        "tiny-moe, small-moe")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (profiles one rank's shard)")
     p.add_argument("--grid", choices=("ci", "cpu", "gpu"), default=None, help="grid preset (default by device)")
     p.add_argument("--out", required=True, type=Path, help="profile YAML to write (CSV and HTML go next to it)")

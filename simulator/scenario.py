@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simulator import yaml_text
 from simulator.core.config import Batching, KVPolicy, Preemption, QueuePolicy, SchedulerConfig
@@ -25,6 +25,7 @@ from simulator.core.presets import PRESETS
 from simulator.cost.dtypes import KvDtype, WeightDtype
 from simulator.cost.engines import host_coefficients
 from simulator.cost.kv_pool import serve_defaults
+from simulator.cost.moe import Routing
 from simulator.cost.profile import Profile, config_error_from_validation, get_accelerator, list_profiles, load_profile
 from simulator.cost.reprice import at_dtypes
 from simulator.errors import ConfigError
@@ -110,7 +111,9 @@ class FleetConfig(_Section):
     hardware: str = "H200"
     """Accelerator short name in calibration/hardware.yaml (H100, H200, A100, L40S, B200)."""
     model: str = "llama-3-8b"
-    """Model the replicas serve (llama-3-8b, llama-3-70b, llama-3-405b, or a calibration model)."""
+    """Model the replicas serve (llama-3-8b, llama-3-70b, llama-3-405b, the mixtures of experts mixtral-8x7b,
+    qwen3-30b-a3b and deepseek-v3, or a calibration model). An MoE model's expert-parallel layout is its
+    profile's (``...-tp2-ep2-analytic``; the plain ``-tp2-`` one is chosen by default)."""
     tp: int = Field(default=1, ge=1)
     """Tensor-parallel degree: GPUs per replica."""
     profile: str | None = None
@@ -119,6 +122,18 @@ class FleetConfig(_Section):
     weight_dtype: WeightDtype | None = None
     """Weight dtype: bfloat16, float16, fp8 or int4 (weight-only); None = the profile's. Another dtype
     reprices the profile (simulator/cost/reprice.py): weight bytes, GEMM rate, KV pool."""
+    expert_routing: Routing | None = None
+    """An MoE model's routing distribution: uniform, or zipf (expert popularity ∝ rank^-zipf_exponent;
+    simulator/cost/moe.py); None = the profile's (uniform in every shipped one)."""
+    zipf_exponent: float | None = Field(default=None, ge=0)
+    """Exponent of zipf routing (0.6: load Gini 0.36 over Qwen3's 128 experts, the most concentrated
+    routing DODOCO, arXiv 2605.20982, measured); only with expert_routing zipf."""
+
+    @model_validator(mode="after")
+    def _zipf_needs_zipf(self) -> FleetConfig:
+        if self.zipf_exponent is not None and self.expert_routing is not Routing.ZIPF:
+            raise ValueError("zipf_exponent needs expert_routing zipf")
+        return self
 
 
 class NetworkConfig(_Section):
@@ -406,6 +421,7 @@ def resolve_replica(scenario: Scenario) -> ReplicaSetup:
         except ConfigError as err:
             raise ConfigError(f"cannot reprice {profile.name} for other dtypes: {err.message}", field=where) from None
         profile = at_dtypes(profile, accelerator, weight_dtype=weight_dtype, kv_dtype=kv.dtype)
+    profile = with_routing(profile, scenario.fleet)
     config = SchedulerConfig(num_blocks=1)
     if engine.preset is not None:
         config = PRESETS[engine.preset].apply(config)
@@ -465,6 +481,20 @@ def resolve_replica(scenario: Scenario) -> ReplicaSetup:
     host_blocks = int(kv.swap_space_gib * 2**30 // (profile.memory.kv_bytes_per_token * block_size))
     config = replace(config, num_blocks=num_blocks, max_model_len=max_model_len, num_host_blocks=host_blocks)
     return ReplicaSetup(profile=with_engine_host(profile, engine.preset, config.async_scheduling), scheduler=config)
+
+
+def with_routing(profile: Profile, fleet: FleetConfig) -> Profile:
+    """The profile with the fleet's expert routing, when it names one; a dense profile cannot take one."""
+    if fleet.expert_routing is None:
+        return profile
+    if profile.moe is None:
+        raise ConfigError(f"{profile.model} is not a mixture of experts: it has no routing to set",
+                          field="fleet.expert_routing")
+    exponent = fleet.zipf_exponent if fleet.expert_routing is Routing.ZIPF else 0.0
+    if fleet.expert_routing is Routing.ZIPF and exponent is None:
+        raise ConfigError("expert_routing zipf needs fleet.zipf_exponent", field="fleet.zipf_exponent")
+    moe = profile.moe.model_copy(update={"routing": fleet.expert_routing, "zipf_exponent": exponent})
+    return profile.model_copy(update={"moe": moe})
 
 
 HOST_ENGINE_OF_PRESET: dict[str, str] = {"tgi": "tgi", "trtllm": "trtllm", "trtllm-max-util": "trtllm"}

@@ -4,8 +4,9 @@ Calibration measures time, not quality, so weights are random (normal, std 0.02,
 directly on the target device in the target dtype: an 8B model never passes through host memory. The
 forward takes one step's flat tokens (every scheduled sequence's new tokens back to back), their
 positions and the step's attention metadata; attention itself belongs to the backend that built the
-metadata, so the same weights run paged or dense (the test oracle). The model never schedules, allocates
-blocks or samples.
+metadata, so the same weights run paged or dense (the test oracle). A shape with a mixture of experts gets
+``calibration.engine.moe.MoeMLP`` in place of the dense FFN after its leading dense layers. The model never
+schedules, allocates blocks or samples.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch import nn
 from calibration.engine.attention.base import AttentionMetadata
 from calibration.engine.configs import ModelShape
 from calibration.engine.kv_cache import KVCache
+from calibration.engine.moe import MoeMLP
 
 # Llama 3.1's RoPE scaling constants (its config.json "rope_scaling"); only the factor varies by model.
 ROPE_LOW_FREQ_FACTOR = 1.0
@@ -81,9 +83,10 @@ class _Init:
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: RMSNorm → GQA attention (fused QKV) → residual; RMSNorm → SwiGLU (fused gate-up)."""
+    """Pre-norm block: RMSNorm → GQA attention (fused QKV) → residual; RMSNorm → SwiGLU (fused gate-up), or
+    the mixture of experts when ``moe`` (its reference spelling when ``dense_experts``)."""
 
-    def __init__(self, shape: ModelShape, init: _Init) -> None:
+    def __init__(self, shape: ModelShape, init: _Init, *, moe: bool = False, dense_experts: bool = False) -> None:
         super().__init__()
         self.shape = shape
         q_size = shape.num_heads * shape.head_dim
@@ -92,8 +95,11 @@ class DecoderLayer(nn.Module):
         self.qkv_proj = init.normal(q_size + 2 * kv_size, shape.hidden_size)
         self.o_proj = init.normal(shape.hidden_size, q_size)
         self.post_attn_norm = init.ones(shape.hidden_size)
-        self.gate_up_proj = init.normal(2 * shape.intermediate_size, shape.hidden_size)
-        self.down_proj = init.normal(shape.hidden_size, shape.intermediate_size)
+        self.moe = MoeMLP(shape, init) if moe else None
+        self.dense_experts = dense_experts
+        if self.moe is None:
+            self.gate_up_proj = init.normal(2 * shape.intermediate_size, shape.hidden_size)
+            self.down_proj = init.normal(shape.hidden_size, shape.intermediate_size)
 
     def forward(
         self,
@@ -116,6 +122,8 @@ class DecoderLayer(nn.Module):
         attn = meta.backend.forward(q, k, v, layer_cache, meta)  # (num_tokens, num_heads, head_dim)
         h = h + F.linear(attn.reshape(num_tokens, q_size), self.o_proj)  # (num_tokens, hidden)
         x = rms_norm(h, self.post_attn_norm, shape.rms_eps)
+        if self.moe is not None:
+            return h + (self.moe.reference(x) if self.dense_experts else self.moe(x))  # (num_tokens, hidden)
         gate_up = F.linear(x, self.gate_up_proj)  # (num_tokens, 2 * ffn)
         gate, up = gate_up.chunk(2, dim=-1)  # (num_tokens, ffn) each
         return h + F.linear(F.silu(gate) * up, self.down_proj)  # (num_tokens, hidden)
@@ -132,19 +140,26 @@ class LlamaModel(nn.Module):
         dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str = "cpu",
         seed: int = 0,
+        dense_experts: bool = False,
     ) -> None:
-        """``num_layers`` overrides the shape's depth: per-layer profiling builds a few layers and scales."""
+        """``num_layers`` overrides the shape's depth: per-layer profiling builds a few layers and scales.
+        ``dense_experts`` runs an MoE shape's experts by the reference (every expert on every token)."""
         super().__init__()
         if num_layers is not None:
             shape = shape.with_layers(num_layers)
         if shape.tie_embeddings:
             raise ValueError(f"{shape.name}: tied embeddings are not supported (Llama 3 unties its LM head)")
+        if shape.mla is not None:
+            raise ValueError(f"{shape.name}: latent attention (MLA) is priced analytically; the engine runs GQA")
         self.shape = shape
         self.device = torch.device(device)
         self.dtype = dtype
         init = _Init(self.device, dtype, seed)
         self.embed_tokens = init.normal(shape.vocab_size, shape.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(shape, init) for _ in range(shape.num_layers))
+        first_moe = shape.num_dense_layers if shape.moe is not None else shape.num_layers
+        self.layers = nn.ModuleList(
+            DecoderLayer(shape, init, moe=i >= first_moe, dense_experts=dense_experts) for i in range(shape.num_layers)
+        )
         self.norm = init.ones(shape.hidden_size)
         self.lm_head = init.normal(shape.vocab_size, shape.hidden_size)
         inv_freq = rope_inv_freq(shape.head_dim, shape.rope_theta, shape.rope_scaling_factor)

@@ -153,6 +153,9 @@ class ModelRunner:
         ``cuda_graphs`` one extra scratch block is allocated for the padded rows of a graph."""
         if backend not in BACKENDS:
             raise ValueError(f"unknown attention backend {backend!r}; known: {', '.join(BACKENDS)}")
+        if cuda_graphs and shape.moe is not None:
+            raise ValueError(f"{shape.name}: an MoE model runs eagerly (its experts' token counts are read on the "
+                             "host, which a CUDA graph cannot replay)")
         self.device = torch.device(device)
         if cuda_graphs and (self.device.type != "cuda" or backend != "triton_paged"):
             raise ValueError("cuda_graphs needs a CUDA device and the triton_paged backend")

@@ -6,6 +6,11 @@ For the multi-step fast path, ``StepEnds`` walks a decode run's step end times a
 the vectorised list of its step times; both perform the same float operations in the same order, so
 every path gives bit-identical times (tests hold them to that).
 
+A mixture-of-experts profile (``profile.moe``) adds one term inside every path's knee: the routed experts'
+own roofline, ``smoothmax(expert_weight_s·R(N), expert_per_token_s·N)``, looked up per distinct token count N
+(``_expert_s``) so every path reads the same float. Its all-to-all is linear in N and joins the all-reduce
+constants. A dense profile never reaches either: its arithmetic is unchanged, bit for bit.
+
 Never imports ``calibration``.
 """
 
@@ -18,8 +23,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simulator.core.step import StepShape
+from simulator.cost import moe as routing
 from simulator.cost.curve import PiecewiseLinear, interpolate
-from simulator.cost.profile import CommModel, Profile
+from simulator.cost.profile import CommModel, MoeCoefficients, Profile
 
 if TYPE_CHECKING:
     from mypy_extensions import i64  # compiled, a machine integer; plain int in Python
@@ -45,6 +51,8 @@ class CostModel:
         "_comm_y",
         "_curved",
         "_decode_consts",
+        "_expert_cache",
+        "_experts",
         "_f",
         "_factor",
         "_h0",
@@ -85,7 +93,7 @@ class CostModel:
         self._hs = host.per_seq_s
         self._hn = host.per_token_s
         self._overlap = profile.overlap_host
-        self._comm_fixed, self._comm_per_token = _comm_terms(profile.comm, profile.tp)
+        self._comm_fixed, self._comm_per_token = _comm_terms(profile.comm, profile.tp, profile.moe)
         # Measured curves (fitted-published profiles) replace the analytic term they stand for; their knots
         # are kept as plain lists for ``curve.interpolate``. The all-reduce curve is by message bytes: its
         # knots are moved to tokens (bytes / bytes per token) once, here.
@@ -107,6 +115,10 @@ class CostModel:
         self._factor = factor
         self._decode_consts: dict[int, tuple[float, float]] = {}
         """(base, host) seconds of a decode-only step of each batch size seen (``decode_step_ends``)."""
+        self._experts = ExpertReads(profile.moe) if profile.moe is not None else None
+        """The routed experts' reads of a mixture-of-experts profile; None for a dense one."""
+        self._expert_cache: dict[int, float] = {}
+        """Seconds of the routed-expert term by new tokens in the step, for every count seen."""
 
     # -- one step -------------------------------------------------------------------------------------
 
@@ -119,6 +131,8 @@ class CostModel:
         if self._curved:
             return self._curve_base(num_seqs, num_tokens)
         knee = (self._w_pow + (self._f * num_tokens) ** self._p) ** self._inv_p
+        if self._experts is not None:
+            knee += self._expert_s(num_tokens)
         multi = self._m if num_tokens > 1 else 0.0
         return (self._a0 + knee + multi + self._s * num_seqs
                 + (self._comm_fixed + self._comm_per_token * num_tokens))
@@ -142,6 +156,16 @@ class CostModel:
         else:
             comm = self._comm_fixed + self._comm_per_token * num_tokens
         return tokens + seqs + comm
+
+    def _expert_s(self, num_tokens: int) -> float:
+        """Device seconds of the routed experts in a step of ``num_tokens`` new tokens (MoE profiles only):
+        ``smoothmax(expert_weight_s·R(N), expert_per_token_s·N)``, worked out once per N."""
+        t = self._expert_cache.get(num_tokens)
+        if t is None:
+            experts = self._experts
+            assert experts is not None  # only called for an MoE profile
+            t = self._expert_cache[num_tokens] = experts.time_s(num_tokens, self._p)
+        return t
 
     def _host_s(self, num_seqs: int, num_tokens: int) -> float:
         return self._h0 + self._hs * num_seqs + self._hn * num_tokens
@@ -199,6 +223,8 @@ class CostModel:
             # math.pow, not **: the same C pow() for these finite positive operands, and a direct call in the
             # compiled build (** on floats is a generic number protocol call there).
             knee = math.pow(self._w_pow + math.pow(self._f * n, self._p), self._inv_p)
+            if self._experts is not None:
+                knee += self._expert_s(n)
             dev = (
                 self._a0 + knee + (self._m if n > 1 else 0.0) + self._s * b
                 + (self._comm_fixed + self._comm_per_token * n)
@@ -406,8 +432,11 @@ def _knots(curve: PiecewiseLinear | None) -> tuple[list[float] | None, list[floa
     return list(curve.x), list(curve.y)
 
 
-def _comm_terms(comm: CommModel | None, tp: int) -> tuple[float, float]:
-    """(fixed seconds, seconds per token) of one step's all-reduces: linear in tokens."""
+def _comm_terms(comm: CommModel | None, tp: int, moe: MoeCoefficients | None = None) -> tuple[float, float]:
+    """(fixed seconds, seconds per token) of one step's all-reduces, and with expert parallelism its
+    all-to-alls: linear in tokens."""
+    if moe is not None and moe.ep > 1 and tp > 1:
+        return _expert_parallel_comm_terms(comm, tp, moe)
     if comm is None or tp <= 1:
         return 0.0, 0.0
     count = comm.num_allreduce_per_layer * comm.num_layers
@@ -415,3 +444,61 @@ def _comm_terms(comm: CommModel | None, tp: int) -> tuple[float, float]:
     bytes_per_token = comm.hidden_size * comm.dtype_bytes
     per_token = count * 2.0 * (tp - 1) / tp * bytes_per_token / comm.bus_bandwidth_Bps
     return fixed, per_token
+
+
+def _expert_parallel_comm_terms(comm: CommModel | None, tp: int, moe: MoeCoefficients) -> tuple[float, float]:
+    """``_comm_terms`` at ep > 1: each MoE layer's all-reduce gives way to a dispatch and a combine (the
+    attention's all-reduce becomes a reduce-scatter before dispatch and an all-gather after combine: the same
+    bytes, so it stays priced as one all-reduce)."""
+    fixed, per_token = all_to_all_terms(moe, tp)
+    if comm is None:
+        return fixed, per_token
+    one_fixed, one_per_token = _comm_terms(comm.model_copy(update={"num_allreduce_per_layer": 1, "num_layers": 1}),
+                                           tp)
+    num_allreduces = comm.num_allreduce_per_layer * comm.num_layers - moe.num_moe_layers
+    return num_allreduces * one_fixed + fixed, num_allreduces * one_per_token + per_token
+
+
+def all_to_all_terms(moe: MoeCoefficients, tp: int) -> tuple[float, float]:
+    """(fixed seconds, seconds per token) of a step's dispatches and combines at ep > 1: two all-to-alls per
+    MoE layer, each α + bytes one GPU sends / its bandwidth, where a GPU holds N/tp of the step's tokens and
+    sends each to the ``simulator.cost.moe.dispatch_fanout`` other GPUs holding its experts (hidden x dtype
+    bytes a copy)."""
+    if moe.ep <= 1 or moe.all_to_all_bandwidth_Bps is None:
+        return 0.0, 0.0
+    calls = 2 * moe.num_moe_layers
+    fanout = routing.dispatch_fanout(moe.num_experts, moe.experts_per_token, moe.ep, tp)
+    bytes_per_token = fanout * moe.hidden_size * moe.dtype_bytes / tp
+    return calls * moe.all_to_all_alpha_s, calls * bytes_per_token / moe.all_to_all_bandwidth_Bps
+
+
+class ExpertReads:
+    """The routed-expert term of an MoE profile as a function of a step's new tokens N: how many experts the
+    busiest GPU reads, R(N), and the term's seconds. Off the per-step path: asked once per distinct N."""
+
+    __slots__ = ("_busiest", "_probabilities", "moe")
+
+    def __init__(self, moe: MoeCoefficients) -> None:
+        self.moe = moe
+        self._probabilities = routing.inclusion_probabilities(moe.num_experts, moe.experts_per_token, moe.routing,
+                                                              moe.zipf_exponent)
+        self._busiest = routing.busiest_group_table(moe.num_experts, moe.ep) if moe.ep > 1 else None
+
+    def distinct(self, num_tokens: int) -> float:
+        """D(N): expected distinct experts a layer's N tokens touch, over all GPUs."""
+        return routing.expected_distinct_experts(num_tokens, self._probabilities)
+
+    def read_by_busiest(self, num_tokens: int) -> float:
+        """R(N): experts the busiest GPU reads a share of (D(N) at ep 1, the fullest group's above)."""
+        distinct = self.distinct(num_tokens)
+        if self._busiest is None:
+            return distinct
+        return routing.interpolate_table(self._busiest, distinct)
+
+    def time_s(self, num_tokens: int, knee_p: float) -> float:
+        """smoothmax(expert_weight_s·R(N), expert_per_token_s·N) with exponent ``knee_p``; 0 for no tokens."""
+        if num_tokens <= 0:
+            return 0.0
+        weight = self.moe.expert_weight_s * self.read_by_busiest(num_tokens)
+        compute = self.moe.expert_per_token_s * num_tokens
+        return math.pow(math.pow(weight, knee_p) + math.pow(compute, knee_p), 1.0 / knee_p)

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from simulator import yaml_text
 from simulator.cost.curve import PiecewiseLinear
+from simulator.cost.moe import Routing
 from simulator.errors import ConfigError
 
 SCHEMA_VERSION: Literal[1] = 1
@@ -121,6 +122,70 @@ class CommModel(_Frozen):
     def calls_per_step(self) -> int:
         """All-reduce calls of one forward over the whole model."""
         return self.num_allreduce_per_layer * self.num_layers
+
+
+class MoeCoefficients(_Frozen):
+    """The routed experts of a mixture-of-experts model: what a step reads and moves beyond the dense part.
+
+    ``device_s`` then prices the dense part only (attention, shared experts, leading dense layers, router, LM
+    head), and device time adds ``smoothmax(expert_weight_s·R(N), expert_per_token_s·N)`` with the same knee:
+    R(N) the experts the busiest GPU reads for the step's N new tokens (``simulator.cost.moe``: the expected
+    distinct experts D(N) at ep 1, the fullest of the ep groups above it). With ep > 1 each MoE layer trades
+    its all-reduce for an all-to-all dispatch and combine of every token to the GPUs holding its experts."""
+
+    num_experts: int = Field(ge=1)
+    """E: routed experts in every MoE layer (the whole model's, not one GPU's)."""
+    experts_per_token: int = Field(ge=1)
+    """k: routed experts each token is sent to in every MoE layer (at most num_experts)."""
+    num_moe_layers: int = Field(ge=1)
+    """Decoder layers with routed experts (the rest are dense, e.g. DeepSeek-V3's first 3 of 61)."""
+    ep: int = Field(default=1, ge=1)
+    """Expert-parallel degree: the experts split into ep groups of E/ep, each group's experts tensor-parallel
+    over tp/ep GPUs. 1 = every expert split over all tp GPUs (plain TP). Divides num_experts and tp."""
+    routing: Routing = Routing.UNIFORM
+    """Distribution of the router's choices: uniform, or zipf (popularity ∝ rank^-zipf_exponent)."""
+    zipf_exponent: float = Field(default=0.0, ge=0)
+    """Exponent s of the zipf routing; 0 with uniform routing."""
+    expert_bytes: int = Field(ge=0)
+    """Bytes one GPU reads of one routed expert over all MoE layers: its share (1/(tp/ep)) of the expert's
+    weights in every MoE layer, at the weight dtype."""
+    expert_weight_s: float = Field(ge=0)
+    """Seconds one GPU takes to stream ``expert_bytes`` (expert_bytes / achieved bandwidth)."""
+    expert_per_token_s: float = Field(ge=0)
+    """Seconds of routed-expert GEMMs per new token on one GPU once compute-bound (2·k·expert params / tp /
+    achieved FLOP rate): compute counts active parameters only."""
+    hidden_size: int = Field(ge=1)
+    """Elements of a token's hidden state in a dispatch or combine (the model's hidden size)."""
+    dtype_bytes: int = Field(default=2, ge=1)
+    """Bytes per element of dispatched activations (2: bf16)."""
+    all_to_all_alpha_s: float = Field(default=0.0, ge=0)
+    """Latency of one all-to-all call (dispatch or combine), seconds; used at ep > 1."""
+    all_to_all_bandwidth_Bps: float | None = Field(default=None, gt=0)
+    """Bytes/s one GPU sends in an all-to-all (one direction of its link x achieved fraction); needed at ep > 1."""
+
+    @field_validator("experts_per_token")
+    @classmethod
+    def _k_within_experts(cls, value: int, info: ValidationInfo) -> int:
+        experts = info.data.get("num_experts")
+        if experts is not None and value > experts:
+            raise ValueError(f"experts_per_token {value} exceeds num_experts {experts}")
+        return value
+
+    @field_validator("ep")
+    @classmethod
+    def _ep_splits_experts(cls, value: int, info: ValidationInfo) -> int:
+        experts = info.data.get("num_experts")
+        if experts is not None and experts % value:
+            raise ValueError(f"ep {value} does not divide num_experts {experts}")
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> MoeCoefficients:
+        if self.routing is Routing.UNIFORM and self.zipf_exponent != 0.0:
+            raise ValueError("zipf_exponent applies to routing zipf only")
+        if self.ep > 1 and self.all_to_all_bandwidth_Bps is None:
+            raise ValueError(f"ep {self.ep} needs all_to_all_bandwidth_Bps to price dispatch and combine")
+        return self
 
 
 class MemoryFigures(_Frozen):
@@ -256,6 +321,8 @@ class Profile(_Frozen):
     repriced: str | None = None
     """Set when a scenario asked for other data types than the profile was made for: what was repriced
     and by which rule (``simulator.cost.reprice``)."""
+    moe: MoeCoefficients | None = None
+    """The routed experts of a mixture-of-experts model; None for a dense model (today's form, unchanged)."""
 
     @model_validator(mode="after")
     def _check_kind(self) -> Profile:
@@ -265,7 +332,20 @@ class Profile(_Frozen):
             set(self.cuda_graph_batch_sizes)
         ):
             raise ValueError("cuda_graph_batch_sizes must be positive and strictly increasing")
+        if self.moe is not None:
+            self._check_moe(self.moe)
         return self
+
+    def _check_moe(self, moe: MoeCoefficients) -> None:
+        if self.tp % moe.ep:
+            raise ValueError(f"moe.ep {moe.ep} does not divide tp {self.tp}: an expert group spans whole GPUs")
+        dev = self.device_s
+        if dev.token_curve is not None or dev.seq_curve is not None or (self.comm and self.comm.curve):
+            raise ValueError("moe: expert reads are priced in the analytic form; a measured curve would already "
+                             "hold the routing it was measured with (no MoE curve exists yet)")
+        if self.comm is not None and moe.num_moe_layers > self.comm.num_layers:
+            raise ValueError(f"moe.num_moe_layers {moe.num_moe_layers} exceeds the model's {self.comm.num_layers} "
+                             "layers (comm.num_layers)")
 
     @property
     def is_measured(self) -> bool:

@@ -15,7 +15,8 @@ simulator reprices it by these rules, and the profile's label says it was repric
   it at one token, fading as compute takes over) and scales by ``r_b``, the rest by ``1/ratio``, i.e.
   ``t' = r_b·W²/t + (t − W²/t)/ratio``: the whole curve at one token, the compute-bound slope at
   thousands, and the curve itself when both ratios are 1. Freed weight bytes go to the KV pool. The LM head,
-  norms and all-reduces keep their 16-bit cost.
+  norms and all-reduces keep their 16-bit cost. The routed experts of an MoE profile are linear layers
+  too: their bytes and read time scale by ``r_b``, their compute by ``1/ratio``; dispatched activations stay.
 
 Device-free: the scenario loader calls it with the accelerator's datasheet row.
 """
@@ -69,6 +70,13 @@ def at_dtypes(profile: Profile, hw: Accelerator, *, weight_dtype: WeightDtype | 
         device_update.update(token_curve=curve, weight_s=curve.y[0], per_token_s=curve.last_slope)
     else:
         device_update.update(weight_s=dev.weight_s * bytes_ratio, per_token_s=dev.per_token_s / rate_ratio)
+    moe = profile.moe
+    if moe is not None:
+        moe = moe.model_copy(update={
+            "expert_bytes": int(moe.expert_bytes * bytes_ratio),
+            "expert_weight_s": moe.expert_weight_s * bytes_ratio,
+            "expert_per_token_s": moe.expert_per_token_s / rate_ratio,
+        })
     rule = (f"from {old_weight.value} weights / {old_kv.value} KV: KV bytes x {kv_ratio:.3g}, linear weight "
             f"bytes x {bytes_ratio:.3g}, GEMM rate x {rate_ratio:.3g} on {hw.full_name} (simulator.cost.reprice)")
     return profile.model_copy(update={
@@ -76,5 +84,6 @@ def at_dtypes(profile: Profile, hw: Accelerator, *, weight_dtype: WeightDtype | 
         "kv_dtype": new_kv.value if new_kv.value != new_weight.value else None,
         "device_s": dev.model_copy(update=device_update),
         "memory": memory,
+        "moe": moe,
         "repriced": rule,
     })

@@ -55,6 +55,11 @@ CASES = {
     ],
     "async-horizon": ["engine.async_scheduling=true", "simulation.horizon_s=6", "workload.arrival.rate_rps=200",
                       "engine.max_num_seqs=16"],
+    # Mixture-of-experts profiles: the routed-expert term (per token count) and the all-to-all on every path.
+    "moe-ep-sync": ["fleet.model=qwen3-30b-a3b", "fleet.tp=2", "fleet.profile=h200-qwen3-30b-a3b-tp2-ep2-analytic",
+                    "engine.async_scheduling=false", "workload.arrival.rate_rps=60"],
+    "moe-skewed-async": ["fleet.model=qwen3-30b-a3b", "fleet.profile=h200-qwen3-30b-a3b-tp1-analytic",
+                         "fleet.expert_routing=zipf", "fleet.zipf_exponent=0.6", "engine.async_scheduling=true"],
 }
 
 

@@ -15,7 +15,8 @@ import pytest
 
 from simulator import native
 
-# Runs a few fast-path test scenarios (preemption, prefix caching, swap) and saves every per-request column.
+# Runs a few fast-path test scenarios (preemption, prefix caching, swap, an MoE profile) and saves every
+# per-request column.
 RUN = """
 import sys, numpy as np
 sys.path.insert(0, {tests!r})
@@ -24,7 +25,7 @@ from simulator.simulation import run
 from simulator.scenario import load_mapping
 from test_fast_path import BASE, CASES
 columns = {{}}
-for case in ("chunked", "overload-preemption", "sessions-prefix", "tgi-swap"):
+for case in ("chunked", "overload-preemption", "sessions-prefix", "tgi-swap", "moe-ep-sync"):
     result = run(load_mapping(BASE, CASES[case])).variants["base"]
     for name, values in result.requests.columns().items():
         columns[case + "/" + name] = values
