@@ -53,8 +53,9 @@ class TraceConfig(Section):
     """azure (timestamps + lengths), mooncake (timestamps, lengths, prefix block ids) or vidur (lengths
     only: arrivals then come from the workload's arrival process)."""
     path: str
-    """Trace file; relative to the scenario file's folder, or ``${traces}/<file>`` for the traces under
-    $FLEETSIM_TRACES (default ``<repo>/../shared/data/traces``)."""
+    """Trace file; relative to the scenario file's folder, or ``${traces}/<file>`` for a public trace:
+    $FLEETSIM_TRACES if set, else ``<repo>/../shared/data/traces``, else the cache folder
+    ``fleetsim traces --download`` fills (``workload/trace_sources.py``)."""
     time_scale: float | None = Field(default=None, gt=0)
     """Multiply every arrival time (and so every gap) by this; 0.5 doubles the load. None = as recorded."""
     rate_rps: float | None = Field(default=None, gt=0)
