@@ -39,6 +39,8 @@ _INT_COLUMNS: dict[str, type[np.integer[Any]]] = {
     "cached_tokens": np.int64,
     "preemptions": np.int32,
     "session_id": np.int64,
+    "produced_tokens": np.int64,
+    "finishes": np.int8,
 }
 REQUEST_COLUMNS: tuple[str, ...] = (*_FLOAT_COLUMNS, *_INT_COLUMNS, "rejected")
 """Names of the raw columns of a RequestLog, in a fixed order."""
@@ -65,6 +67,10 @@ class RequestLog:
     cached_tokens: np.ndarray
     preemptions: np.ndarray
     session_id: np.ndarray
+    produced_tokens: np.ndarray
+    """Output tokens produced by the end of the run: set once after it (``record_produced``), 0 before."""
+    finishes: np.ndarray
+    """How many times the request finished (0 or 1 in a correct run; the run check reads it)."""
     rejected: np.ndarray
     _arrival: memoryview[float]
     _first_scheduled: memoryview[float]
@@ -77,6 +83,7 @@ class RequestLog:
     _cached: memoryview[int]
     _preemptions: memoryview[int]
     _session: memoryview[int]
+    _finishes: memoryview[int]
     _rejected: memoryview[bool]
 
     def __init__(self, capacity: int) -> None:
@@ -108,6 +115,7 @@ class RequestLog:
         self._cached = self.cached_tokens.data
         self._preemptions = self.preemptions.data
         self._session = self.session_id.data
+        self._finishes = self.finishes.data
         self._rejected = cast("memoryview[bool]", self.rejected.data)
 
     def _grow(self, min_capacity: int) -> None:
@@ -179,11 +187,24 @@ class RequestLog:
             self._first_token[rid] = t
         self._cached[rid] = cached_tokens
         self._preemptions[rid] = preemptions
+        self._finishes[rid] += 1
 
     def on_rejected(self, rid: int, t: float) -> None:
         """The fleet will never serve this request (too long for any replica, or admission refused)."""
         self._rejected[rid] = True
         self._rejected_s[rid] = t
+
+    def record_produced(self, in_flight: Mapping[int, int]) -> None:
+        """Set ``produced_tokens`` once the clock stopped: ``in_flight`` maps each request a replica still
+        holds to the output tokens it produced so far (the core's count); a completed request produced
+        what it asked for (the core finishes a request exactly at its output length, and the fleet reports
+        no count at the finish); a rejected one none."""
+        n = self._size
+        completed = self.outcomes()[RequestOutcome.COMPLETED]
+        self.produced_tokens[:n] = np.where(completed, self.output_tokens[:n], 0)
+        for rid, produced in in_flight.items():
+            if 0 <= rid < n:
+                self.produced_tokens[rid] = produced
 
     # Export.
 
@@ -254,6 +275,7 @@ class RequestLog:
                 "outcome": pd.Categorical.from_codes(codes, categories=pd.Index([o.value for o in RequestOutcome])),
                 "prompt_tokens": c["prompt_tokens"],
                 "output_tokens": c["output_tokens"],
+                "produced_tokens": c["produced_tokens"],
                 "cached_tokens": c["cached_tokens"],
                 "preemptions": c["preemptions"],
                 "first_scheduled_s": c["first_scheduled_s"],
