@@ -87,7 +87,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--search", action="append", metavar="KEY.PATH=V1,V2",
                    help="also try these values of a knob (repeat for a cartesian product); best by cost")
     p.add_argument("--seeds", type=int, default=DEFAULT_SEEDS,
-                   help=f"seeds per point, for confidence intervals ({DEFAULT_SEEDS})")
+                   help=f"seeds per point ({DEFAULT_SEEDS}): two show their range, three or more a bootstrap interval")
     p.add_argument("--load-factor", type=float, default=1.0, help="plan for this multiple of the scenario's load")
     p.add_argument("--variant", help="plan this variant of the scenario (default: the base)")
     p.add_argument("--no-knee", action="store_true", help="skip the one-replica saturation search")

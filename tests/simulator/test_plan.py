@@ -10,6 +10,7 @@ import operator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
@@ -229,7 +230,13 @@ def test_a_given_slo_merges_with_the_scenarios() -> None:
 
 def test_a_printed_interval_is_never_negative() -> None:
     from simulator.planning.plan_result import ci_text
+    from simulator.results.intervals import metric_interval
 
-    assert ci_text(MetricCI(mean=82.2, low=-6.5, high=170.8, num_samples=2), ".1f") == "82.2 [0.0, 170.8]"
-    assert ci_text(MetricCI(mean=0.95, low=0.8, high=1.1, num_samples=2), ".2f", share=True) == "0.95 [0.80, 1.00]"
-    assert ci_text(MetricCI(mean=5.0, low=4.0, high=6.0, num_samples=3), ".0f") == "5 [4, 6]"
+    # The TPOT p99 of two seeds that printed "82.2 [-6.5, 170.8] ms" under a Student-t interval.
+    two = metric_interval(np.array([75.3, 89.1]))
+    assert ci_text(two, ".1f") == "82.2 (range of 2 seeds: 75.3 to 89.1)"
+    share = metric_interval(np.array([0.97, 1.0, 0.99, 1.0]))
+    text = ci_text(share, ".3f")
+    low, high = (float(x) for x in text[text.index("[") + 1 : -1].split(", "))
+    assert 0.97 <= low <= high <= 1.0
+    assert ci_text(metric_interval(np.array([5.0])), ".0f") == "5"
