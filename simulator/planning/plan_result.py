@@ -158,6 +158,11 @@ class PlanResult:
                          f"(target {self.slo.target_attainment:g}); TTFT p99 {ci_text(ci['ttft_p99_ms'], '.0f')} ms; "
                          f"TPOT p99 {ci_text(ci['tpot_p99_ms'], '.1f')} ms")
             lines.append(f"    cost {ci_text(ci['cost_per_mtok_usd'], '.3f')} $ per million output tokens")
+            if ci["slo_attainment"].kind == "range":
+                lines.append(f"    ({len(self.seeds)} seeds are too few for a confidence interval: each figure gives "
+                             "the seeds' lowest and highest value; three or more seeds give a 95 % interval)")
+            elif ci["slo_attainment"].kind == "bootstrap":
+                lines.append(f"    [brackets: 95 % bootstrap interval over {len(self.seeds)} seeds]")
         lines.append(f"  verdict: {self.verdict}")
         if len(self.candidates) > 1:
             lines.append("  searched knobs:")
@@ -181,13 +186,13 @@ class PlanResult:
 
 
 def ci_text(ci: MetricCI, fmt: str) -> str:
-    """``mean [low, high]`` for a bootstrap interval; ``mean (range of 2 seeds: low to high)`` when there were
-    too few seeds for one; the mean alone with one seed. Either lies within the seeds' values, so a latency
+    """``mean [low, high]`` for a bootstrap interval; ``mean (seeds low to high)``, the seeds' own values, when
+    there were too few for one; the mean alone with one seed. Either lies within the seeds' values, so a latency
     never reads negative and a share never above 1 (``results.intervals``)."""
     if not math.isfinite(ci.mean):
         return "-"
     if ci.kind == "range":
-        return f"{ci.mean:{fmt}} (range of {ci.num_samples} seeds: {ci.low:{fmt}} to {ci.high:{fmt}})"
+        return f"{ci.mean:{fmt}} (seeds {ci.low:{fmt}} to {ci.high:{fmt}})"
     if ci.kind == "bootstrap" and math.isfinite(ci.low) and math.isfinite(ci.high):
         return f"{ci.mean:{fmt}} [{ci.low:{fmt}}, {ci.high:{fmt}}]"
     return format(ci.mean, fmt)

@@ -18,7 +18,8 @@ from simulator.cli import main as cli
 from simulator.errors import ConfigError
 from simulator.planning.criteria import Criterion, parse_search, parse_slo
 from simulator.planning.plan import _verdict, plan
-from simulator.planning.plan_result import Evaluation, ReplicaAnswer
+from simulator.planning.plan_report import plan_figures, save_plan_report
+from simulator.planning.plan_result import Evaluation, PlanResult, ReplicaAnswer
 from simulator.planning.search import largest_passing_factor, smallest_passing
 from simulator.results.intervals import MetricCI
 from simulator.scenario import deep_merge, expand_dotted, load_mapping
@@ -175,6 +176,30 @@ def test_plan_with_seeds_knee_sensitivity_and_json(tmp_path: Path) -> None:
     assert set(doc["sensitivity"]) == {"0.9", "1.1"} and doc["knee"]["rate_rps"] > 0
     assert (tmp_path / "trials.csv").exists()
     assert f"answer: {n} replica(s)" in result.text()
+    assert "2 seeds are too few for a confidence interval" in result.text()
+    check_plan_page(result, tmp_path)
+
+
+def check_plan_page(result: PlanResult, folder: Path) -> None:
+    """plan.html: the answer's latency-replicas curve is the seed mean of its trials with the seeds' range as
+    error bars, the SLO and the answer are marked, sensitivity curves ride along, and plotly is inlined."""
+    figures = plan_figures(result)
+    assert {"latency-ttft_p99_ms", "latency-tpot_p99_ms", "attainment", "knee"} <= set(figures)
+    ttft = figures["latency-ttft_p99_ms"]
+    main, *others = ttft.data
+    rows = result.trials[(result.trials["purpose"] == "replicas")]
+    means = rows.groupby("replicas")["ttft_p99_ms"].agg(["mean", "min", "max"])
+    assert list(main.x) == list(means.index) and np.allclose(main.y, means["mean"])
+    assert np.allclose(np.asarray(main.error_y.array) + main.y, means["max"])
+    assert np.allclose(main.y - np.asarray(main.error_y.arrayminus), means["min"])
+    assert result.replicas in main.x and len(others) == 2  # steps x0.9 and x1.1
+    assert {t.name for t in others} == {"step times x0.9", "step times x1.1"}
+    shapes = ttft.layout.shapes
+    assert any(sh.y0 == 300 and sh.y1 == 300 for sh in shapes), "the per-request TTFT SLO line"
+    assert any(sh.x0 == result.replicas == sh.x1 for sh in shapes), "the answer's line"
+    page = save_plan_report(result, folder).read_text()
+    assert "<script src=" not in page and len(page) > 1_000_000  # offline: plotly.js inlined once
+    assert page.count("<script>/**") == 1 and page.count("plotly.js v") == 1 and 'id="latency-ttft_p99_ms"' in page
 
 
 def test_unreachable_slo_has_no_answer() -> None:
@@ -203,6 +228,7 @@ def test_cli_plan_prints_the_answer_and_writes_plan_json(plugin: None, tmp_path:
     doc = json.loads((out / "plan.json").read_text())
     assert f"answer: {doc['answer']['replicas']} replica(s)" in printed
     assert "if step times are x1.1" in printed
+    assert f"page: {out / 'plan.html'}" in printed and 'id="attainment"' in (out / "plan.html").read_text()
 
 
 def test_cli_plan_bad_input_is_one_line(plugin: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -234,7 +260,7 @@ def test_a_printed_interval_is_never_negative() -> None:
 
     # The TPOT p99 of two seeds that printed "82.2 [-6.5, 170.8] ms" under a Student-t interval.
     two = metric_interval(np.array([75.3, 89.1]))
-    assert ci_text(two, ".1f") == "82.2 (range of 2 seeds: 75.3 to 89.1)"
+    assert ci_text(two, ".1f") == "82.2 (seeds 75.3 to 89.1)"
     share = metric_interval(np.array([0.97, 1.0, 0.99, 1.0]))
     text = ci_text(share, ".3f")
     low, high = (float(x) for x in text[text.index("[") + 1 : -1].split(", "))
