@@ -7,8 +7,11 @@ the seed, the arrivals and the lengths; only what a variant overrides differs.
 
 from __future__ import annotations
 
+import numpy as np
+
 from simulator.cost.cost_model import CostModel
 from simulator.cost.profile import get_accelerator
+from simulator.errors import ConfigError
 from simulator.fleet.fleet import FleetRun, FleetSetup, InspectFn, ProgressFn, run_fleet
 from simulator.fleet.replica import Replica
 from simulator.results.invariants import ReplicaEnd, check_requested, check_run
@@ -47,7 +50,13 @@ def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
     """One variant: build the replicas and the router, replay the workload, summarise (and, with
     ``check``, raise ``InvariantError`` if the run broke an invariant)."""
     setup = resolve_replica(scenario)
-    fleet = run_fleet(fleet_setup(scenario, setup), workload, name=name, progress=progress, inspect=inspect)
+    fleet_settings = fleet_setup(scenario, setup)
+    check_sample_grid(scenario, workload, fleet_settings.cost)
+    fleet = run_fleet(fleet_settings, workload, name=name, progress=progress, inspect=inspect)
+    if fleet.end_s <= scenario.simulation.warmup_s:
+        raise ConfigError(f"the run ended at {fleet.end_s:.4g} s, within simulation.warmup_s "
+                          f"({scenario.simulation.warmup_s:.4g} s): no request is measured; shorten the warm-up",
+                          field="simulation.warmup_s")
     _settle_cut_runs(fleet)
     fleet.log.record_produced({rid: request.num_output_tokens for replica in fleet.replicas
                                for rid, request in replica.scheduler.requests.items()})
@@ -62,6 +71,32 @@ def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
         summary=_summary(scenario, fleet),
         profile=ProfileInfo(name=profile.name, kind=profile.kind.value, label=profile.label),
     )
+
+
+MAX_SAMPLE_POINTS = 10_000_000
+"""Most points the replicas' time series may hold together (about 1.5 GB, and seconds to fill): a day at the
+default 1 s on over a hundred replicas. A finer grid over a long run is a memory and time bomb, refused
+before the clock starts."""
+
+
+def check_sample_grid(scenario: Scenario, workload: Workload, cost: CostModel) -> None:
+    """Refuse a sampling grid too fine for the run. The grid reaches the horizon when there is one (the series
+    are filled up to it), else at least the moment the slowest request could finish: its arrival plus one
+    decode step of a lone request per output token (a lower bound: no step is faster)."""
+    sim = scenario.simulation
+    if sim.horizon_s is not None:
+        span_s, what = sim.horizon_s, "horizon_s"
+    elif len(workload):
+        step_s = cost.time_of(1, 1, 1, 1, 0, 0.0, 0)
+        span_s = float(np.max(workload.arrival_s + workload.output_tokens * step_s))
+        what = "least the run can last"
+    else:
+        return
+    points = (span_s / sim.sample_interval_s + 1) * scenario.fleet.replicas
+    if points > MAX_SAMPLE_POINTS:
+        raise ConfigError(f"sampling every {sim.sample_interval_s:.3g} s over {span_s:.4g} s (the {what}) on "
+                          f"{scenario.fleet.replicas} replica(s) makes {points:.3g} time-series points, more than "
+                          f"{MAX_SAMPLE_POINTS:,}: make the interval coarser", field="simulation.sample_interval_s")
 
 
 def _settle_cut_runs(fleet: FleetRun) -> None:

@@ -79,7 +79,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     for name, summary in rows.items():
         verdict = summary.get("slo_met")
         if verdict is not None and loaded.scenario.slo is not None:
-            print(f"SLO {'met' if verdict else 'NOT met'} by {name}: attainment {summary['slo_attainment']:.3f}")
+            attainment = summary.get("slo_attainment")  # None when no request arrived after the warm-up
+            shown = "-" if attainment is None else f"{attainment:.3f}"
+            print(f"SLO {'met' if verdict else 'NOT met'} by {name}: attainment {shown}")
     if args.check:
         print(f"run check passed: {len(result.variants)} variant(s); every request finished once or is counted "
               "rejected or in flight, tokens add up, KV blocks conserved, latencies non-negative, TTFT <= E2E")

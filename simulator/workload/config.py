@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 from simulator.workload.arrival import ArrivalConfig
 from simulator.workload.lengths import LengthConfig
 from simulator.workload.section import Section
-from simulator.workload.traces import TraceFormat
+from simulator.workload.traces import MAX_TOKENS, TraceFormat
 
 
 class SystemPromptPool(Section):
@@ -17,9 +17,10 @@ class SystemPromptPool(Section):
     Each request (or each session, once, at its start) draws one; its blocks hash equally everywhere.
     """
 
-    num_prompts: int = Field(ge=1)
-    """How many distinct system prompts exist."""
-    tokens: int = Field(ge=1)
+    num_prompts: int = Field(ge=1, le=1_000_000)
+    """How many distinct system prompts exist (at most a million: the draw weighs every one, and a billion
+    took all memory)."""
+    tokens: int = Field(ge=1, le=MAX_TOKENS)
     """Length of every system prompt in tokens; added in front of the user tokens."""
     zipf_exponent: float = Field(default=0.0, ge=0)
     """Popularity skew: prompt i is drawn with weight 1 / (i + 1)**s; 0 (default) draws them uniformly."""
