@@ -98,5 +98,5 @@ def metric_interval(values: np.ndarray, *, confidence: float = 0.95,
         cache[n] = np.random.default_rng(BOOTSTRAP_SEED).integers(0, n, size=(BOOTSTRAP_RESAMPLES, n))
     means = values[cache[n]].mean(axis=1)
     tail = (1.0 - confidence) / 2
-    low, high = np.quantile(means, [tail, 1.0 - tail])
+    low, high = np.clip(np.quantile(means, [tail, 1.0 - tail]), values.min(), values.max())  # rounding only
     return MetricCI(mean=mean, low=float(low), high=float(high), num_samples=n, kind="bootstrap")

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -309,13 +309,15 @@ def test_seed_intervals_bootstrap_three_seeds_and_give_two_seeds_their_range() -
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.floats(min_value=0.0, max_value=1e6, allow_nan=False), min_size=1, max_size=12),
        st.booleans())
+@example([699051.0, 699051.0, 699050.9750399364], False)  # a mean of three draws rounded 1 ulp below the least
 def test_seed_intervals_stay_within_the_values_a_figure_can_take(values: list[float], share: bool) -> None:
     """Never negative for a latency (the t-interval printed "TPOT p99 82.2 [-6.5, 170.8] ms" from two seeds),
     never outside [0, 1] for a share: every end lies within the seeds' own values."""
     data = np.array([v / 1e6 for v in values] if share else values)
     ci = metric_interval(data)
     if len(values) >= 2:
-        assert data.min() - 1e-12 <= ci.low <= ci.mean + 1e-9 and ci.mean - 1e-9 <= ci.high <= data.max() + 1e-12
+        assert data.min() <= ci.low <= ci.high <= data.max()
+        assert ci.low <= ci.mean * (1 + 1e-12) and ci.mean <= ci.high * (1 + 1e-12)
         assert ci.kind == ("range" if len(values) == 2 else "bootstrap")
     else:
         assert ci.kind == "none" and math.isnan(ci.low)

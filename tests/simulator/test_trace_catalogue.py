@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import re
 import shutil
+import urllib.error
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,15 @@ def test_download_checks_the_sha256_and_leaves_nothing_on_failure(cache: Path) -
     again = published(CONV)
     assert download(CONV, open_url=again) == path and again.opened == [], "a good copy is not fetched again"
     assert [p.name for p in cache.iterdir()] == [CONV]
+
+
+def test_no_network_is_one_error_and_leaves_nothing(cache: Path) -> None:
+    def offline(url: str) -> io.BytesIO:
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    with pytest.raises(ConfigError, match=r"cannot download https://raw\.githubusercontent\.com/.*name resolution"):
+        download(CONV, open_url=offline)
+    assert not list(cache.iterdir())
 
 
 def test_download_of_an_unknown_name_or_into_an_unwritable_folder_is_one_error(tmp_path: Path) -> None:
