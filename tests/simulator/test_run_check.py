@@ -126,7 +126,7 @@ def serve_a_rejected_request(replicas: list[Replica]) -> None:
     ("overrides", "sabotage", "message"),
     [
         ([HORIZON], drop_a_request, "in flight but held by no replica (lost): 1 request(s), e.g. id"),
-        ([], finish_twice, "finished more than once: 1 request(s)"),
+        ([], finish_twice, "finish events for 150 finished requests: a request finished more than once"),
         ([], leak_a_block, "replica 0: 1 KV blocks still in use with no request left"),
         (["engine.prefix_caching=true"], leak_a_block, "whose reference count differs from the block tables"),
         ([HORIZON], claim_all_tokens, "in flight with every token produced"),
