@@ -205,8 +205,10 @@ def calibrate(
         progress=progress, host_from=host_from, clock=clock, multi_token=multi_token, pass_aggregate=pass_aggregate,
         command=command,
     )
+    info = run_info(settings, choose_clock(settings))
+    check_outputs(settings, info)  # before the model loads: a CSV of other settings is refused at once
     runner = build_runner(settings)
-    timings = measure_grid(settings, runner, choose_clock(settings))
+    timings = measure_grid(settings, runner, info)
     result, knee_fitted = fit_device_terms(settings, timings.points)
     memory = memory_figures(settings, runner)
     graph_batch_sizes = tuple(runner.graph_batch_sizes) if settings.cuda_graphs else ()
@@ -362,25 +364,42 @@ class GridTimings:
     clock: Clock
 
 
-def measure_grid(settings: CalibrationSettings, runner: ModelRunner, clock: Clock) -> GridTimings:
-    """Time every grid point not yet in the timings CSV, appending each row as it is measured."""
+def run_info(settings: CalibrationSettings, clock: Clock) -> RunInfo:
+    """The timings CSV's sidecar provenance: every setting that changes a timing, and when and where."""
     import torch
 
-    from calibration.profiler import RunInfo, device_name, git_revision, library_versions, run_grid
+    from calibration.profiler import RunInfo, device_name, engine_version, git_revision, library_versions
 
-    info = RunInfo(
+    return RunInfo(
         clock=clock.value, model=settings.model, dtype=settings.dtype, backend=settings.backend,
         device_type="cuda" if settings.cuda else "cpu", grid=settings.grid.name, block_size=settings.block_size,
-        num_layers=runner.shape.num_layers, cuda_graphs=settings.cuda_graphs, device_name=device_name(settings.device),
-        library_versions=library_versions(), git_revision=git_revision(), torch_threads=torch.get_num_threads(),
-        seed=settings.seed, extra={"tp": settings.tp, "hardware": settings.hardware},
+        num_layers=settings.shape.num_layers, cuda_graphs=settings.cuda_graphs,
+        device_name=device_name(settings.device), library_versions=library_versions(), git_revision=git_revision(),
+        torch_threads=torch.get_num_threads(), seed=settings.seed, engine_version=engine_version(),
+        extra={"tp": settings.tp, "hardware": settings.hardware},
     )
+
+
+def check_outputs(settings: CalibrationSettings, info: RunInfo) -> None:
+    """An existing timings CSV is resumed only when it was measured with the same settings
+    (``profiler.check_resumable``); nothing is written here."""
+    from calibration.profiler import check_resumable
+
+    csv_path = settings.csv_path
+    if csv_path.is_file() and csv_path.stat().st_size > 0:
+        check_resumable(csv_path, info)
+
+
+def measure_grid(settings: CalibrationSettings, runner: ModelRunner, info: RunInfo) -> GridTimings:
+    """Time every grid point not yet in the timings CSV, appending each row as it is measured."""
+    from calibration.profiler import Clock, run_grid
+
     run = run_grid(runner, settings.grid, settings.csv_path, info, vocab_size=runner.shape.vocab_size,
                    seed=settings.seed, progress=settings.progress)
     points = run.points_frame(settings.pass_aggregate)
     if len(points) < 4:
         raise ConfigError(f"only {len(points)} grid points measured: too few to fit", file=settings.csv_path)
-    return GridTimings(run=run, points=points, info=info, clock=clock)
+    return GridTimings(run=run, points=points, info=info, clock=Clock(info.clock))
 
 
 def fit_device_terms(settings: CalibrationSettings, points: pd.DataFrame) -> tuple[FitResult, bool]:

@@ -67,9 +67,12 @@ CSV_COLUMNS: tuple[str, ...] = (
 )
 """Raw timings file: one row per (grid point, pass); times are medians over the repeats."""
 
-IDENTITY_KEYS: tuple[str, ...] = ("model", "dtype", "backend", "device_type", "grid", "block_size", "num_layers",
-                                  "cuda_graphs", "clock")
-"""Sidecar fields that must match for a rerun to resume into an existing CSV."""
+TIMING_KEYS: tuple[str, ...] = ("device_type", "device_name", "dtype", "backend", "cuda_graphs", "clock",
+                                "torch_threads", "model", "num_layers", "block_size", "grid", "engine_version", "seed")
+"""Sidecar fields that change a timing (the seed orders the grid and draws the token ids): a rerun resumes
+into an existing CSV only when every one of them, and each of ``EXTRA_TIMING_KEYS``, matches."""
+EXTRA_TIMING_KEYS: tuple[str, ...] = ("tp", "hardware")
+"""Timing settings the sidecar keeps under ``extra`` (calibrate records them there)."""
 
 
 class Clock(StrEnum):
@@ -131,6 +134,22 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
+ENGINE_DIR = Path(__file__).resolve().parent / "engine"
+
+
+def engine_version() -> str:
+    """What runs the grid, as one text: a digest of the engine's sources (``calibration/engine``) and the
+    versions of the libraries that time it (torch, its CUDA, triton, the Python interpreter)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(ENGINE_DIR.rglob("*.py")):
+        digest.update(path.relative_to(ENGINE_DIR).as_posix().encode())
+        digest.update(path.read_bytes())
+    versions = {k: v for k, v in library_versions().items() if k != "numpy"}
+    return "; ".join([f"engine {digest.hexdigest()[:16]}", *(f"{k} {v}" for k, v in sorted(versions.items()))])
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunInfo:
     """Sidecar provenance of one timings CSV."""
@@ -150,10 +169,19 @@ class RunInfo:
     git_revision: str | None = None
     torch_threads: int = 0
     seed: int = 0
+    engine_version: str = ""
+    """``engine_version()`` of the run ("" where the caller does not record it)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def identity(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in IDENTITY_KEYS}
+        """The settings that change a timing (``timing_settings``)."""
+        return timing_settings(asdict(self))
+
+
+def timing_settings(sidecar: dict[str, Any]) -> dict[str, Any]:
+    """The settings of a sidecar (or of ``asdict(RunInfo)``) that change a timing; None where it has none."""
+    extra = sidecar.get("extra") or {}
+    return {**{k: sidecar.get(k) for k in TIMING_KEYS}, **{k: extra.get(k) for k in EXTRA_TIMING_KEYS}}
 
 
 def sidecar_path(csv_path: Path) -> Path:
@@ -276,8 +304,44 @@ def load_sidecar(csv_path: Path) -> dict[str, Any] | None:
     path = sidecar_path(csv_path)
     if not path.is_file():
         return None
-    data: dict[str, Any] = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise ConfigError(f"unreadable provenance sidecar ({type(err).__name__})", file=path) from None
+    if not isinstance(data, dict):
+        raise ConfigError("provenance sidecar is not a JSON object", file=path)
     return data
+
+
+def check_resumable(csv_path: Path, info: RunInfo) -> None:
+    """Refuse to resume into a CSV measured under other settings, naming each one that differs, or one
+    without a sidecar (nothing says how its rows were measured). Reads only; changes no file."""
+    previous = load_sidecar(csv_path)
+    if previous is None:
+        raise ConfigError(f"holds timings but no {sidecar_path(csv_path).name} saying how they were measured: "
+                          "cannot resume into it; choose another output", file=csv_path)
+    theirs, ours = timing_settings(previous), info.identity()
+    differ = [f"{key} {_shown(theirs[key])} there, {_shown(value)} now" for key, value in ours.items()
+              if theirs[key] != value]
+    if differ:
+        raise ConfigError(f"holds timings measured with other settings ({'; '.join(differ)}): resuming would mix "
+                          "them; choose another output", file=csv_path)
+
+
+def _shown(value: Any) -> str:
+    return "(not recorded)" if value is None else repr(value)[:80]
+
+
+def _write_sidecar(csv_path: Path, sidecar: dict[str, Any]) -> None:
+    """Replace the sidecar in one rename: a reader sees the old one or the new one, never half of either."""
+    path = sidecar_path(csv_path)
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    temporary.write_text(json.dumps(sidecar, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 @dataclass(slots=True)
@@ -319,20 +383,23 @@ def run_grid(
     csv_path = Path(csv_path)
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     done: set[tuple[str, int]] = set()
-    if csv_path.is_file() and csv_path.stat().st_size > 0:
+    resuming = csv_path.is_file() and csv_path.stat().st_size > 0
+    if resuming:
+        check_resumable(csv_path, info)
         previous = load_sidecar(csv_path)
-        if previous is not None:
-            theirs = {k: previous.get(k) for k in IDENTITY_KEYS}
-            if theirs != info.identity():
-                diff = {k: (theirs[k], v) for k, v in info.identity().items() if theirs[k] != v}
-                raise ConfigError(f"{csv_path} holds timings of another setup {diff}; choose another output",
-                                  file=csv_path)
+        assert previous is not None  # check_resumable refuses a CSV without one
         _repair_tail(csv_path)
         existing = read_timings(csv_path)
         done = set(zip(existing["point"].astype(str), existing["pass_index"].astype(int), strict=True))
-    sidecar = asdict(info)
-    sidecar["date"] = sidecar["date"] or datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    sidecar_path(csv_path).write_text(json.dumps(sidecar, indent=2, sort_keys=True) + "\n")
+        # The sidecar describes the rows already there; it changes only once a new row is measured, and then
+        # only to add this session (its date and revision) to the ones that wrote the CSV.
+        sidecar = {**previous, "resumed": [*previous.get("resumed", []),
+                                           {"date": info.date or _now(), "git_revision": info.git_revision,
+                                            "rows_before": len(existing)}]}
+    else:
+        sidecar = asdict(info)
+        sidecar["date"] = sidecar["date"] or _now()
+        _write_sidecar(csv_path, sidecar)
 
     rng = np.random.default_rng(seed)
     todo: list[tuple[GridPoint, int]] = []
@@ -366,6 +433,8 @@ def run_grid(
             writer.writerow(_row(PointResult(point, pass_index, timings), info.num_layers))
             fh.flush()
             os.fsync(fh.fileno())
+            if resuming and measured == 0:
+                _write_sidecar(csv_path, sidecar)
             measured += 1
             if bar is not None:
                 bar.set_postfix_str(f"{point.name} {timings.device.median_s * 1e3:.2f} ms", refresh=False)

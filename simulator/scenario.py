@@ -154,6 +154,13 @@ class SimulationConfig(_Section):
     cost_factor: float = Field(default=1.0, gt=0)
     """Multiply every step time by this (1.1 = the cost model underestimates by 10 %); for sensitivity."""
 
+    @model_validator(mode="after")
+    def _warmup_inside_the_horizon(self) -> SimulationConfig:
+        if self.horizon_s is not None and self.warmup_s >= self.horizon_s:
+            raise ValueError(f"warmup_s ({self.warmup_s:g}) must be shorter than horizon_s ({self.horizon_s:g}): "
+                             "nothing would be measured")
+        return self
+
 
 class Scenario(_Section):
     """A whole scenario file."""
@@ -183,6 +190,11 @@ class Scenario(_Section):
             raise ValueError("name must be a plain name (no '/', '\\', leading '.', or control characters): "
                              "it becomes the folder runs/NAME")
         return value
+
+
+MAX_RING_POINTS = 10_000_000
+"""Most points of the session-affinity hash ring (virtual nodes x replicas; ~1 GB as Python tuples): 100 per
+replica (the default) keeps shares within about 10 %, so this allows 100,000 replicas at the default."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +263,7 @@ def load_mapping(raw: dict[str, Any], overrides: list[str] | tuple[str, ...] = (
         try:
             resolve_replica(sc)
             check_memory(sc)
+            check_hash_ring(sc)
         except ConfigError as err:  # name the file (and the variant) the impossible setting came from
             prefix = f"variants.{name}" if scenario.variants else ""
             field = ".".join(p for p in (prefix, err.field) if p) or None
@@ -557,6 +570,14 @@ def available_memory_bytes() -> int | None:
         return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def check_hash_ring(scenario: Scenario) -> None:
+    """Refuse a session-affinity hash ring too large to build (``MAX_RING_POINTS``)."""
+    points = scenario.router.virtual_nodes * scenario.fleet.replicas
+    if points > MAX_RING_POINTS:
+        raise ConfigError(f"{scenario.router.virtual_nodes:,} virtual nodes x {scenario.fleet.replicas:,} replicas "
+                          f"= {points:,} hash-ring points, more than {MAX_RING_POINTS:,}", field="router.virtual_nodes")
 
 
 def check_memory(scenario: Scenario) -> None:

@@ -7,9 +7,14 @@ the seed, the arrivals and the lengths; only what a variant overrides differs.
 
 from __future__ import annotations
 
+import numpy as np
+
 from simulator.cost.cost_model import CostModel
 from simulator.cost.profile import get_accelerator
+from simulator.errors import ConfigError
 from simulator.fleet.fleet import FleetRun, FleetSetup, InspectFn, ProgressFn, run_fleet
+from simulator.fleet.replica import Replica
+from simulator.results.invariants import ReplicaEnd, check_requested, check_run
 from simulator.results.run_result import ProfileInfo, RunResult, VariantResult
 from simulator.results.series import fleet_kv_util_mean, fleet_kv_waste, fleet_running_mean
 from simulator.results.summary import Summary, summarize
@@ -20,8 +25,10 @@ from simulator.workload.workload import Workload
 __all__ = ["InspectFn", "ProgressFn", "run", "simulate"]
 
 
-def run(loaded: LoadedScenario, *, progress: ProgressFn | None = None, inspect: InspectFn | None = None) -> RunResult:
-    """Simulate every variant of a scenario on the same request stream."""
+def run(loaded: LoadedScenario, *, progress: ProgressFn | None = None, inspect: InspectFn | None = None,
+        check: bool = False) -> RunResult:
+    """Simulate every variant of a scenario on the same request stream; ``check``: verify each variant's
+    invariants once it ends (``results.invariants``; also on when $FLEETSIM_CHECK is 1)."""
     variants = loaded.variants()
     workloads: dict[tuple[str, int], Workload] = {}
     results = {}
@@ -31,16 +38,31 @@ def run(loaded: LoadedScenario, *, progress: ProgressFn | None = None, inspect: 
         if key not in workloads:  # hashes depend on the block size; arrivals and lengths do not
             workloads[key] = generate(scenario.workload, seed=scenario.seed,
                                       block_size=setup.scheduler.block_size, base_dir=loaded.base_dir)
-        results[name] = simulate(scenario, workloads[key], name=name, progress=progress, inspect=inspect)
+        results[name] = simulate(scenario, workloads[key], name=name, progress=progress, inspect=inspect,
+                                 check=check)
     record = {name: scenario_record(sc) for name, sc in variants.items()}
     return RunResult(scenario_name=loaded.scenario.name, variants=results, scenario=record)
 
 
 def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
-             progress: ProgressFn | None = None, inspect: InspectFn | None = None) -> VariantResult:
-    """One variant: build the replicas and the router, replay the workload, summarise."""
+             progress: ProgressFn | None = None, inspect: InspectFn | None = None,
+             check: bool = False) -> VariantResult:
+    """One variant: build the replicas and the router, replay the workload, summarise (and, with
+    ``check``, raise ``InvariantError`` if the run broke an invariant)."""
     setup = resolve_replica(scenario)
-    fleet = run_fleet(fleet_setup(scenario, setup), workload, name=name, progress=progress, inspect=inspect)
+    fleet_settings = fleet_setup(scenario, setup)
+    check_sample_grid(scenario, workload, fleet_settings.cost)
+    fleet = run_fleet(fleet_settings, workload, name=name, progress=progress, inspect=inspect)
+    if fleet.end_s <= scenario.simulation.warmup_s:
+        raise ConfigError(f"the run ended at {fleet.end_s:.4g} s, within simulation.warmup_s "
+                          f"({scenario.simulation.warmup_s:.4g} s): no request is measured; shorten the warm-up",
+                          field="simulation.warmup_s")
+    _settle_cut_runs(fleet)
+    fleet.log.record_produced({rid: request.num_output_tokens for replica in fleet.replicas
+                               for rid, request in replica.scheduler.requests.items()})
+    if check_requested(check):
+        check_run(fleet.log, [replica_end(replica) for replica in fleet.replicas], variant=name,
+                  num_requests=len(workload), horizon=scenario.simulation.horizon_s is not None)
     profile = setup.profile
     return VariantResult(
         name=name,
@@ -48,6 +70,60 @@ def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
         series=fleet.series,
         summary=_summary(scenario, fleet),
         profile=ProfileInfo(name=profile.name, kind=profile.kind.value, label=profile.label),
+    )
+
+
+MAX_SAMPLE_POINTS = 10_000_000
+"""Most points the replicas' time series may hold together (about 1.5 GB, and seconds to fill): a day at the
+default 1 s on over a hundred replicas. A finer grid over a long run is a memory and time bomb, refused
+before the clock starts."""
+
+
+def check_sample_grid(scenario: Scenario, workload: Workload, cost: CostModel) -> None:
+    """Refuse a sampling grid too fine for the run. The grid reaches the horizon when there is one (the series
+    are filled up to it), else at least the moment the slowest request could finish: its arrival plus one
+    decode step of a lone request per output token (a lower bound: no step is faster)."""
+    sim = scenario.simulation
+    if sim.horizon_s is not None:
+        span_s, what = sim.horizon_s, "horizon_s"
+    elif len(workload):
+        step_s = cost.time_of(1, 1, 1, 1, 0, 0.0, 0)
+        span_s = float(np.max(workload.arrival_s + workload.output_tokens * step_s))
+        what = "least the run can last"
+    else:
+        return
+    points = (span_s / sim.sample_interval_s + 1) * scenario.fleet.replicas
+    if points > MAX_SAMPLE_POINTS:
+        raise ConfigError(f"sampling every {sim.sample_interval_s:.3g} s over {span_s:.4g} s (the {what}) on "
+                          f"{scenario.fleet.replicas} replica(s) makes {points:.3g} time-series points, more than "
+                          f"{MAX_SAMPLE_POINTS:,}: make the interval coarser", field="simulation.sample_interval_s")
+
+
+def _settle_cut_runs(fleet: FleetRun) -> None:
+    """A decode run the horizon cut leaves its requests' token counters where the run began (the core moves
+    them once, at the run's end): move them to the steps that ended before the horizon, where the
+    step-by-step path leaves them (its step in progress at the horizon never ends)."""
+    for replica in fleet.replicas:
+        active = replica._run_state
+        if active is not None:
+            active.run.set_counters(active.ends.ended_before(fleet.end_s))
+
+
+def replica_end(replica: Replica) -> ReplicaEnd:
+    """A replica's state when the clock stopped, as the run check reads it."""
+    scheduler = replica.scheduler
+    pool = scheduler.kv.pool
+    table_refs = [0] * pool.num_blocks
+    for request in scheduler.requests.values():
+        for block in request.block_table:
+            table_refs[block] += 1
+    block_size = scheduler.block_size
+    return ReplicaEnd(
+        replica=replica.replica_id,
+        live={rid: (r.num_output_tokens, r.max_output_tokens) for rid, r in scheduler.requests.items()},
+        ref_counts=list(pool.ref_cnt), table_refs=table_refs, num_blocks=pool.num_blocks,
+        num_used_blocks=pool.num_used, host_blocks_used=scheduler.num_host_blocks_used,
+        host_blocks_expected=sum(-(-r.num_swapped_tokens // block_size) for r in scheduler.swapped),
     )
 
 

@@ -7,13 +7,15 @@ import streamlit as st
 from dashboard import figures, widgets
 from dashboard.data import trace_files
 from simulator.errors import ConfigError
-from simulator.workload.traces import TraceFormat, traces_dir
+from simulator.workload.trace_sources import trace_folders
+from simulator.workload.traces import TraceFormat
 
 st.title("Trace explorer")
 
 files = trace_files.list_traces()
 if not files:
-    st.error(f"No trace files found in {traces_dir()} (set $FLEETSIM_TRACES to the folder that holds them).")
+    st.error(f"No trace files found in {' or '.join(str(f) for f in trace_folders())}: `fleetsim traces` lists the "
+             "public traces and `fleetsim traces --download all` fetches them.")
     st.stop()
 
 with st.sidebar:
@@ -35,7 +37,7 @@ except ConfigError as err:
     widgets.show_error(err)
     st.stop()
 
-st.caption(f"{traces_dir() / filename} · format {fmt or guessed}")
+st.caption(f"{trace_files.trace_path(filename)} · format {fmt or guessed}")
 left, right = st.columns(2)
 with left:
     if rate.empty:

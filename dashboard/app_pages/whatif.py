@@ -32,7 +32,8 @@ with st.sidebar:
         options = traces + ([current] if current and current not in traces else [])
         if st.session_state.get(f"{P}trace_file") not in options:
             st.session_state[f"{P}trace_file"] = options[0] if options else None
-        st.selectbox("Trace", options, key=f"{P}trace_file", help="Files in the traces folder ($FLEETSIM_TRACES)")
+        st.selectbox("Trace", options, key=f"{P}trace_file",
+                     help="The public traces found here (`fleetsim traces` lists them and fetches the missing ones)")
         trace_file = st.session_state.get(f"{P}trace_file") or ""
         is_vidur = trace_files.guess_trace_format(trace_file) is trace_files.TraceFormat.VIDUR
         if is_vidur:

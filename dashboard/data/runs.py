@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from dashboard.data.file_access import check_paths
 from simulator.results.run_result import RunResult
 from simulator.scenario import LoadedScenario, load_mapping
 from simulator.simulation import run
@@ -21,7 +22,9 @@ ProgressFn = Callable[[float, str], None]
 
 
 def validate(raw: Mapping[str, Any], source: Path | None = None) -> LoadedScenario:
-    """The CLI's strict loader on a mapping: a ConfigError with the CLI's message, or the scenario."""
+    """The CLI's strict loader on a mapping: a ConfigError with the CLI's message, or the scenario. Files
+    outside the dashboard's folders are refused first (``file_access``)."""
+    check_paths(raw, source)
     return load_mapping(dict(raw), source=source)
 
 

@@ -16,11 +16,10 @@ from typing import Any
 
 import yaml
 
+from dashboard.data.file_access import SCENARIOS_DIR, check_paths
+from simulator import yaml_text
 from simulator.errors import ConfigError
 from simulator.scenario import load_scenario
-
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
-SCENARIOS_DIR = REPO_ROOT / "scenarios"
 
 DEFAULT_SCENARIO = "quickstart"
 """The shipped scenario the pages start from."""
@@ -74,17 +73,31 @@ def shipped_base(name: str, folder: Path = SCENARIOS_DIR) -> Base:
 
 
 def uploaded_base(filename: str, content: bytes) -> Base:
-    """An uploaded scenario, read by the CLI's strict loader; errors name the uploaded file."""
+    """An uploaded scenario, read by the CLI's strict loader; errors name the uploaded file. A file it
+    names outside the dashboard's folders is refused before anything opens it (``file_access``)."""
     name = Path(filename).name or "uploaded.yaml"
     with tempfile.TemporaryDirectory(prefix="fleetsim-upload-") as folder:
         path = Path(folder) / name
         path.write_bytes(content)
         try:
+            _check_upload_paths(content)
             loaded = load_scenario(path)
         except ConfigError as err:
-            raise ConfigError(err.message, file=name if err.file == str(path) else err.file, field=err.field) from None
+            raise ConfigError(err.message, file=name if err.file in (str(path), None) else err.file,
+                              field=err.field) from None
     digest = hashlib.sha256(content).hexdigest()[:16]
     return Base(key=f"upload:{name}:{digest}", raw=loaded.raw, source=None)
+
+
+def _check_upload_paths(content: bytes) -> None:
+    """``check_paths`` on an upload as YAML, before the loader (which opens the profile it names) runs;
+    text that does not parse is left to the loader, whose error says why."""
+    try:
+        raw = yaml_text.safe_load(content.decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError):
+        return
+    if isinstance(raw, Mapping):
+        check_paths(raw, source=None)
 
 
 def base_for(choice: str) -> Base:

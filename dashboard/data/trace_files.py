@@ -12,8 +12,10 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from dashboard.data.file_access import check_paths
 from simulator.errors import ConfigError
-from simulator.workload.traces import TraceFormat, read_trace, traces_dir
+from simulator.workload.trace_sources import TRACES_TOKEN, resolve_trace_path, trace_folders
+from simulator.workload.traces import TraceFormat, quoted, read_trace
 
 TRACE_PREFIXES: dict[str, TraceFormat] = {
     "azure": TraceFormat.AZURE,
@@ -24,11 +26,10 @@ TRACE_PREFIXES: dict[str, TraceFormat] = {
 
 
 def list_traces(folder: Path | None = None) -> list[str]:
-    """Trace files (names) in the traces folder whose format the name reveals."""
-    folder = folder if folder is not None else traces_dir()
-    if not folder.is_dir():
-        return []
-    return sorted(p.name for p in folder.iterdir() if p.is_file() and guess_trace_format(p.name) is not None)
+    """Trace files (names) in the traces folders (or ``folder``) whose format the name reveals."""
+    folders = (folder,) if folder is not None else trace_folders()
+    return sorted({p.name for f in folders if f.is_dir() for p in f.iterdir()
+                   if p.is_file() and guess_trace_format(p.name) is not None})
 
 
 AUTO_FORMAT = "auto"
@@ -41,12 +42,23 @@ def guess_trace_format(filename: str) -> TraceFormat | None:
     return next((fmt for prefix, fmt in TRACE_PREFIXES.items() if stem.startswith(prefix)), None)
 
 
+def trace_path(filename: str, folder: Path | None = None) -> Path:
+    """Where a trace file name resolves: in ``folder``, else in the traces folders, as a scenario's
+    ``${traces}/NAME`` does. Only a plain name in those folders: a path is refused (``file_access``)."""
+    if folder is not None:
+        if Path(filename).name != filename or filename in ("", ".", ".."):
+            raise ConfigError(f"a trace is a file name in {folder}, got {quoted(filename)}", field="trace")
+        return folder / filename
+    text = f"{TRACES_TOKEN}/{filename}"
+    check_paths({"path": text}, source=None)
+    return resolve_trace_path(text)
+
+
 def load_trace_frame(filename: str, trace_format: TraceFormat | str | None = None,
                      folder: Path | None = None) -> pd.DataFrame:
-    """A trace file (name in the traces folder, or a path) as arrival_s, prompt_tokens, output_tokens."""
-    path = Path(filename)
-    if not path.is_absolute():
-        path = (folder if folder is not None else traces_dir()) / filename
+    """A trace file (a name in the traces folders, or in ``folder``) as arrival_s, prompt_tokens,
+    output_tokens."""
+    path = trace_path(filename, folder)
     fmt = trace_format or guess_trace_format(path.name)
     if fmt is None:
         raise ConfigError("cannot tell the trace format from the file name; pick one", file=path)

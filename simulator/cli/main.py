@@ -25,6 +25,7 @@ PLUGINS: dict[str, str] = {
     "info": "simulator.cli.info",
     "dashboard": "simulator.cli.dashboard",
     "plan": "simulator.cli.plan",
+    "traces": "simulator.cli.traces",
 }
 """The simulator's command families (module path -> it defines ``register(subparsers)``), in help order."""
 

@@ -38,8 +38,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     )
     out = out or fresh_out_dir(f"{result.scenario_name}-plan")
     path = result.save(out)
+    from simulator.planning.plan_report import save_plan_report
+
+    page = save_plan_report(result, out)
     print(result.text())
     print(f"plan: {path}")
+    print(f"page: {page} (latency and attainment against replicas)")
     return 0 if result.replicas is not None else 1
 
 
@@ -87,13 +91,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--search", action="append", metavar="KEY.PATH=V1,V2",
                    help="also try these values of a knob (repeat for a cartesian product); best by cost")
     p.add_argument("--seeds", type=int, default=DEFAULT_SEEDS,
-                   help=f"seeds per point, for confidence intervals ({DEFAULT_SEEDS})")
+                   help=f"seeds per point ({DEFAULT_SEEDS}): two show their range, three or more a bootstrap interval")
     p.add_argument("--load-factor", type=float, default=1.0, help="plan for this multiple of the scenario's load")
     p.add_argument("--variant", help="plan this variant of the scenario (default: the base)")
     p.add_argument("--no-knee", action="store_true", help="skip the one-replica saturation search")
     p.add_argument("--workers", type=int, help="processes running seeds in parallel (default: one per seed)")
     p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a scenario field")
-    p.add_argument("--out", help="output folder for plan.json and trials.csv (default runs/NAME-plan)")
+    p.add_argument("--out", help="output folder for plan.json, trials.csv and plan.html (default runs/NAME-plan)")
     p.add_argument("--overwrite", action="store_true", help="write into an existing non-empty --out")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_plan)

@@ -55,8 +55,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else fresh_out_dir(loaded.scenario.name)
     check_writable(out, overwrite=args.overwrite)  # before the run: a read-only disk costs no simulation
     progress, close = progress_bar(not args.quiet)
+    from simulator.results.invariants import InvariantError
+
     try:
-        result = run(loaded, progress=progress)
+        result = run(loaded, progress=progress, check=args.check)
+    except InvariantError as err:  # the simulator is wrong, not the scenario: say so, save nothing misleading
+        print(f"fleetsim: error: {err}", file=sys.stderr)
+        return 1
     finally:
         close()
     files = RunFiles.SUMMARY if args.summary_only else RunFiles.NO_REPORT if args.no_report else RunFiles.ALL
@@ -77,7 +82,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     for name, summary in rows.items():
         verdict = summary.get("slo_met")
         if verdict is not None and loaded.scenario.slo is not None:
-            print(f"SLO {'met' if verdict else 'NOT met'} by {name}: attainment {summary['slo_attainment']:.3f}")
+            attainment = summary.get("slo_attainment")  # None when no request arrived after the warm-up
+            shown = "-" if attainment is None else f"{attainment:.3f}"
+            print(f"SLO {'met' if verdict else 'NOT met'} by {name}: attainment {shown}")
+    if args.check:
+        print(f"run check passed: {len(result.variants)} variant(s); every request finished once or is counted "
+              "rejected or in flight, tokens add up, KV blocks conserved, latencies non-negative, TTFT <= E2E")
     print(f"report: {saved / 'report.html'}" if files is RunFiles.ALL else f"results: {saved}")
     from simulator import native
 
@@ -96,6 +106,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--seed", type=int, help="override the scenario's seed")
     p.add_argument("--overwrite", action="store_true", help="write into an existing non-empty --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--check", action="store_true",
+                   help="verify the run's invariants (requests, tokens, KV blocks, latencies); exit 1 if one fails")
     files = p.add_mutually_exclusive_group()
     files.add_argument("--no-report", action="store_true", help="write the tables and summary.json, no report.html")
     files.add_argument("--summary-only", action="store_true",

@@ -32,7 +32,8 @@ class Criterion:
         return value >= self.threshold if self.at_least else value <= self.threshold
 
     def straddled(self, ci: MetricCI) -> bool:
-        """The confidence interval contains the threshold: another set of seeds could flip the verdict."""
+        """The interval (or, with two seeds, their range) contains the threshold: another set of seeds
+        could flip the verdict."""
         return math.isfinite(ci.low) and math.isfinite(ci.high) and ci.low <= self.threshold <= ci.high
 
     def describe(self) -> str:

@@ -144,7 +144,7 @@ class _Evaluator:
         if self.log is not None:
             k = " ".join(f"{name}={v}" for name, v in knobs.items())
             self.log(f"  {purpose:11s} replicas={replicas:<3d} load x{load_factor:<7.4g} cost x{cost_factor:<4g} {k} "
-                     f"attainment {ci_text(ci['slo_attainment'], '.3f', share=True)} "
+                     f"attainment {ci_text(ci['slo_attainment'], '.3f')} "
                      f"-> {'meets' if ev.passes else 'fails'}")
         return ev
 
@@ -168,15 +168,17 @@ def _verdict(answer: ReplicaAnswer, crit: list[Criterion], num_seeds: int) -> tu
         return "no answer: the SLO is not met within max_replicas", False
     if num_seeds < 2:
         return f"{n} replica(s) (one seed: no confidence interval; use several seeds to judge noise)", False
-    upper = [c.describe() for c in crit if c.straddled(answer.at.ci[c.metric])]
+    upper = [f"{c.describe()} ({answer.at.ci[c.metric].describe()})" for c in crit
+             if c.straddled(answer.at.ci[c.metric])]
     if upper:
-        return (f"within noise: {n} or {n + 1} replicas (the 95 % CI of {', '.join(upper)} straddles the "
-                f"threshold at {n}; {n + 1} is the safe choice)"), True
+        return (f"within noise: {n} or {n + 1} replicas (at {n} the threshold lies inside {', '.join(upper)}; "
+                f"{n + 1} is the safe choice)"), True
     if answer.below is not None:
-        lower = [c.describe() for c in crit if c.straddled(answer.below.ci[c.metric])]
+        lower = [f"{c.describe()} ({answer.below.ci[c.metric].describe()})" for c in crit
+                 if c.straddled(answer.below.ci[c.metric])]
         if lower:
-            return (f"within noise: {n - 1} or {n} replicas (at {n - 1} the 95 % CI of {', '.join(lower)} "
-                    f"straddles the threshold)"), True
+            return (f"within noise: {n - 1} or {n} replicas (at {n - 1} the threshold lies inside "
+                    f"{', '.join(lower)})"), True
     return f"{n} replica(s), clear of the noise across {num_seeds} seeds", False
 
 

@@ -154,10 +154,15 @@ class PlanResult:
         else:
             ci = a.at.ci
             lines.append(f"  answer: {a.replicas} replica(s)" + (f" with {knobs}" if knobs else ""))
-            lines.append(f"    SLO attainment {ci_text(ci['slo_attainment'], '.3f', share=True)} "
+            lines.append(f"    SLO attainment {ci_text(ci['slo_attainment'], '.3f')} "
                          f"(target {self.slo.target_attainment:g}); TTFT p99 {ci_text(ci['ttft_p99_ms'], '.0f')} ms; "
                          f"TPOT p99 {ci_text(ci['tpot_p99_ms'], '.1f')} ms")
             lines.append(f"    cost {ci_text(ci['cost_per_mtok_usd'], '.3f')} $ per million output tokens")
+            if ci["slo_attainment"].kind == "range":
+                lines.append(f"    ({len(self.seeds)} seeds are too few for a confidence interval: each figure gives "
+                             "the seeds' lowest and highest value; three or more seeds give a 95 % interval)")
+            elif ci["slo_attainment"].kind == "bootstrap":
+                lines.append(f"    [brackets: 95 % bootstrap interval over {len(self.seeds)} seeds]")
         lines.append(f"  verdict: {self.verdict}")
         if len(self.candidates) > 1:
             lines.append("  searched knobs:")
@@ -180,16 +185,17 @@ class PlanResult:
         return "\n".join(lines)
 
 
-def ci_text(ci: MetricCI, fmt: str, *, share: bool = False) -> str:
-    """``mean [low, high]``, the t-interval clipped for display to the values the figure can take: every
-    summary figure is >= 0 (a latency, a rate, a cost), and a share (attainment) is also <= 1. With two
-    seeds the t-interval is wide (t = 12.7) and its lower end would otherwise read as a negative latency."""
+def ci_text(ci: MetricCI, fmt: str) -> str:
+    """``mean [low, high]`` for a bootstrap interval; ``mean (seeds low to high)``, the seeds' own values, when
+    there were too few for one; the mean alone with one seed. Either lies within the seeds' values, so a latency
+    never reads negative and a share never above 1 (``results.intervals``)."""
     if not math.isfinite(ci.mean):
         return "-"
-    if not (math.isfinite(ci.low) and math.isfinite(ci.high)):
-        return format(ci.mean, fmt)
-    low, high = max(ci.low, 0.0), (min(ci.high, 1.0) if share else ci.high)
-    return f"{ci.mean:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
+    if ci.kind == "range":
+        return f"{ci.mean:{fmt}} (seeds {ci.low:{fmt}} to {ci.high:{fmt}})"
+    if ci.kind == "bootstrap" and math.isfinite(ci.low) and math.isfinite(ci.high):
+        return f"{ci.mean:{fmt}} [{ci.low:{fmt}}, {ci.high:{fmt}}]"
+    return format(ci.mean, fmt)
 
 
 def slo_text(slo: SLO) -> str:

@@ -152,11 +152,15 @@ def _cdf_figure(result: RunResult, reqs: dict[str, _Requests], metric: str, labe
             lows.append(float(np.percentile(positive, 1)))
             highs.append(float(np.percentile(positive, 99)))
     fig.update_yaxes(range=[0, 1.01])
-    if lows and min(lows) > 0 and max(highs) / min(lows) > LOG_X_SPREAD:
+    log_x = bool(lows) and min(lows) > 0 and max(highs) / min(lows) > LOG_X_SPREAD
+    if log_x:
         fig.update_xaxes(type="log")
     for threshold in _slo_thresholds(result, metric):
-        fig.add_vline(x=threshold, line_dash="dash", line_color="#c0392b",
-                      annotation_text=f"SLO {threshold:g} ms", annotation_position="top left")
+        fig.add_vline(x=threshold, line_dash="dash", line_color="#c0392b")
+        # A shape takes data values on a log axis, an annotation the value's log10 (plotly's rule).
+        fig.add_annotation(x=math.log10(threshold) if log_x else threshold, y=1.0, yref="paper", showarrow=False,
+                           text=f"SLO {threshold:g} ms", xanchor="right", yanchor="bottom",
+                           font={"color": "#c0392b"})
     return fig
 
 
@@ -385,7 +389,8 @@ table.summary th, table.summary td { border-bottom: 1px solid #ddd; padding: 4px
 table.summary tbody th { text-align: left; font-weight: normal; color: #444; }
 .verdict { padding: 2px 8px; border-radius: 4px; font-weight: 700; }
 .verdict.ok { background: #d4edda; color: #155724; } .verdict.fail { background: #f8d7da; color: #721c24; }
-.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(560px, 1fr)); gap: 12px; }
+.grid { display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 12px; }
+@media (max-width: 1100px) { .grid { grid-template-columns: minmax(0, 1fr); } }
 .grid > div { min-width: 0; }
 .note { color: #666; font-size: 0.9em; }
 """

@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 from simulator.workload.arrival import ArrivalConfig
 from simulator.workload.lengths import LengthConfig
 from simulator.workload.section import Section
-from simulator.workload.traces import TraceFormat
+from simulator.workload.traces import MAX_TOKENS, TraceFormat
 
 
 class SystemPromptPool(Section):
@@ -17,9 +17,10 @@ class SystemPromptPool(Section):
     Each request (or each session, once, at its start) draws one; its blocks hash equally everywhere.
     """
 
-    num_prompts: int = Field(ge=1)
-    """How many distinct system prompts exist."""
-    tokens: int = Field(ge=1)
+    num_prompts: int = Field(ge=1, le=1_000_000)
+    """How many distinct system prompts exist (at most a million: the draw weighs every one, and a billion
+    took all memory)."""
+    tokens: int = Field(ge=1, le=MAX_TOKENS)
     """Length of every system prompt in tokens; added in front of the user tokens."""
     zipf_exponent: float = Field(default=0.0, ge=0)
     """Popularity skew: prompt i is drawn with weight 1 / (i + 1)**s; 0 (default) draws them uniformly."""
@@ -53,8 +54,9 @@ class TraceConfig(Section):
     """azure (timestamps + lengths), mooncake (timestamps, lengths, prefix block ids) or vidur (lengths
     only: arrivals then come from the workload's arrival process)."""
     path: str
-    """Trace file; relative to the scenario file's folder, or ``${traces}/<file>`` for the traces under
-    $FLEETSIM_TRACES (default ``<repo>/../shared/data/traces``)."""
+    """Trace file; relative to the scenario file's folder, or ``${traces}/<file>`` for a public trace:
+    $FLEETSIM_TRACES if set, else ``<repo>/../shared/data/traces``, else the cache folder
+    ``fleetsim traces --download`` fills (``workload/trace_sources.py``)."""
     time_scale: float | None = Field(default=None, gt=0)
     """Multiply every arrival time (and so every gap) by this; 0.5 doubles the load. None = as recorded."""
     rate_rps: float | None = Field(default=None, gt=0)

@@ -15,7 +15,6 @@ import csv
 import itertools
 import json
 import math
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from simulator.errors import ConfigError
-
-TRACES_TOKEN = "${traces}"
-"""A trace path starting with this token resolves under ``traces_dir()``, so scenarios stay portable."""
+from simulator.workload.trace_sources import TRACES_TOKEN as TRACES_TOKEN
+from simulator.workload.trace_sources import missing_hint, resolve_trace_path
+from simulator.workload.trace_sources import traces_dir as traces_dir
 
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens per Mooncake ``hash_ids`` entry (FAST'25 release, checked on both shipped files)."""
@@ -75,30 +74,11 @@ def quoted(value: object, limit: int = QUOTE_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def traces_dir() -> Path:
-    """Where ``${traces}`` points: $FLEETSIM_TRACES, else ``<repo root>/../shared/data/traces``."""
-    env = os.environ.get("FLEETSIM_TRACES")
-    if env:
-        return Path(env).expanduser()
-    return Path(__file__).resolve().parents[2].parent / "shared" / "data" / "traces"
-
-
-def resolve_trace_path(path: str | Path, base_dir: Path | None = None) -> Path:
-    """Expand ``${traces}`` and make a relative path relative to ``base_dir`` (the scenario's folder)."""
-    text = str(path)
-    if text.startswith(TRACES_TOKEN):
-        return traces_dir() / text[len(TRACES_TOKEN) :].lstrip("/\\")
-    resolved = Path(text).expanduser()
-    if not resolved.is_absolute() and base_dir is not None:
-        resolved = base_dir / resolved
-    return resolved
-
-
 def load_trace(trace_format: TraceFormat | str, path: str | Path, *, max_rows: int | None = None) -> TraceRows:
     """Read a trace file into columns; ``max_rows`` stops after that many data rows."""
     file = resolve_trace_path(path)
     if not file.is_file():
-        raise ConfigError("trace file not found", file=file)
+        raise ConfigError(f"trace file not found{missing_hint(file)}", file=file)
     try:
         match TraceFormat(trace_format):
             case TraceFormat.AZURE:

@@ -43,3 +43,43 @@ def test_validate_prints_a_verdict_against_the_design_target() -> None:
                      "repeat": {"engine_vs_engine": errors(0.01, 0.2)}})
     assert "the engine against itself also misses it at ttft p99" in noisy
     assert "not judged" in verdict({"fidelity_target": 0.05, "lockstep": {}})
+
+
+@pytest.mark.parametrize(("flag", "value", "named"), [("--seed", "1", "seed 0 there, 1 now"),
+                                                      ("--threads", "2", "torch_threads 1 there, 2 now"),
+                                                      ("--tp", "2", "tp 1 there, 2 now"),
+                                                      ("--hardware", "EPYC", "hardware 'CPU' there, 'EPYC' now")])
+def test_calibrate_refuses_to_resume_a_csv_of_other_settings_before_loading_the_model(
+        flag: str, value: str, named: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    import torch
+    from fake_runner import FakeRunner
+
+    from calibration import calibrate as pipeline
+    from calibration.profiler import Clock, run_grid, sidecar_path
+
+    out = tmp_path / "p.yaml"
+    threads = torch.get_num_threads()
+    try:  # the timings a first `fleetsim calibrate --device cpu --model tiny --grid ci --threads 1` left
+        settings = pipeline.resolve_settings(
+            device="cpu", model="tiny", out=out, tp=1, grid="ci", dtype=None, backend=None, cuda_graphs=None,
+            kv_gib=1.0, memory_fraction=0.9, threads=1, hardware=None, folds=5, seed=0, progress=False,
+            host_from="engine", clock="runner", multi_token=None, pass_aggregate="mean", command=None)
+        run_grid(FakeRunner(), settings.grid, settings.csv_path, pipeline.run_info(settings, Clock.RUNNER),
+                 vocab_size=256, progress=False, max_points=2)
+        before = settings.csv_path.read_bytes(), sidecar_path(settings.csv_path).read_bytes()
+
+        def no_model(*args: object) -> None:
+            raise AssertionError("the model was loaded before the CSV's settings were checked")
+
+        monkeypatch.setattr(pipeline, "build_runner", no_model)
+        argv = ["calibrate", "--device", "cpu", "--model", "tiny", "--grid", "ci", "--threads", "1",
+                "--clock", "runner", "--out", str(out), "--quiet", flag, value]
+        assert main(argv) == EXIT_USAGE
+    finally:
+        torch.set_num_threads(threads)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "measured with other settings" in err and named in err, err
+    assert (settings.csv_path.read_bytes(), sidecar_path(settings.csv_path).read_bytes()) == before
+    assert not out.exists()

@@ -7,8 +7,10 @@ from the step's shape); one test drives the real runner on the tiny model.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -28,7 +30,16 @@ from calibration.grid import (
     shape_of,
     skewed_point,
 )
-from calibration.profiler import CSV_COLUMNS, SHAPE_COLUMNS, RunInfo, read_timings, run_grid, sidecar_path
+from calibration.profiler import (
+    CSV_COLUMNS,
+    EXTRA_TIMING_KEYS,
+    SHAPE_COLUMNS,
+    TIMING_KEYS,
+    RunInfo,
+    read_timings,
+    run_grid,
+    sidecar_path,
+)
 from calibration.timing import RepeatPolicy, WallTimer, repeat, summarize, time_call
 from simulator.errors import ConfigError
 
@@ -112,8 +123,65 @@ def test_shape_columns_and_medians(tmp_path: Path) -> None:
 def test_refuses_another_setup(tmp_path: Path) -> None:
     path = tmp_path / "t.csv"
     run_grid(FakeRunner(), _grid(), path, _info(), vocab_size=256, progress=False, max_points=1)
-    with pytest.raises(ConfigError, match="another setup"):
+    with pytest.raises(ConfigError, match="other settings"):
         run_grid(FakeRunner(), _grid(), path, _info(model="small"), vocab_size=256, progress=False)
+
+
+CHANGED: dict[str, Any] = {
+    "device_type": "cuda", "device_name": "NVIDIA H200", "dtype": "bfloat16", "backend": "flex",
+    "cuda_graphs": True, "clock": "thread_cpu", "torch_threads": 4, "model": "small", "num_layers": 3,
+    "block_size": 32, "grid": "other", "engine_version": "engine 0123; torch 9.9", "seed": 7,
+}
+"""One other value for every setting that changes a timing."""
+
+
+@pytest.mark.parametrize("setting", [*TIMING_KEYS, *EXTRA_TIMING_KEYS])
+def test_resume_refuses_a_csv_measured_with_any_other_timing_setting(setting: str, tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    measured = dataclasses.replace(_info(), torch_threads=1, seed=0, engine_version="engine 1; torch 2.13",
+                                   extra={"tp": 1, "hardware": "CPU"})
+    run_grid(FakeRunner(), _grid(), path, measured, vocab_size=256, progress=False, max_points=2)
+    before = path.read_bytes(), sidecar_path(path).read_bytes()
+    if setting in EXTRA_TIMING_KEYS:
+        other = dataclasses.replace(measured, extra={**measured.extra, setting: {"tp": 2, "hardware": "H200"}[setting]})
+    else:
+        other = dataclasses.replace(measured, **{setting: CHANGED[setting]})
+    runner = FakeRunner()
+    with pytest.raises(ConfigError) as caught:
+        run_grid(runner, _grid(), path, other, vocab_size=256, progress=False)
+    message = str(caught.value)
+    assert f"({setting} " in message or f"; {setting} " in message, message
+    assert "there" in message and "now" in message and "\n" not in message
+    assert runner.calls == [] and (path.read_bytes(), sidecar_path(path).read_bytes()) == before
+    assert len(TIMING_KEYS) == len(CHANGED) and set(TIMING_KEYS) == set(CHANGED)
+
+
+def test_resume_keeps_the_sidecar_until_a_new_row_is_measured(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    first = dataclasses.replace(_info(), date="2026-01-01T00:00:00+00:00", git_revision="aaa")
+    run_grid(FakeRunner(), _grid(), path, first, vocab_size=256, progress=False, max_points=2)
+    original = sidecar_path(path).read_bytes()
+    later = dataclasses.replace(first, date="2026-02-02T00:00:00+00:00", git_revision="bbb")
+    run_grid(FakeRunner(), _grid(), path, later, vocab_size=256, progress=False, max_points=0)
+    assert sidecar_path(path).read_bytes() == original, "nothing measured: the sidecar is as it was"
+    run_grid(FakeRunner(), _grid(), path, later, vocab_size=256, progress=False, max_points=1)
+    sidecar = json.loads(sidecar_path(path).read_text())
+    assert (sidecar["date"], sidecar["git_revision"]) == (first.date, "aaa"), "the first session's record stays"
+    assert sidecar["resumed"] == [{"date": later.date, "git_revision": "bbb", "rows_before": 2}]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no temporary left"
+
+
+def test_resume_refuses_a_csv_without_or_with_a_broken_sidecar(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    run_grid(FakeRunner(), _grid(), path, _info(), vocab_size=256, progress=False, max_points=1)
+    rows = path.read_bytes()
+    sidecar_path(path).write_text("{not json")
+    with pytest.raises(ConfigError, match="unreadable provenance sidecar"):
+        run_grid(FakeRunner(), _grid(), path, _info(), vocab_size=256, progress=False)
+    sidecar_path(path).unlink()
+    with pytest.raises(ConfigError, match=r"no t\.provenance\.json saying how they were measured"):
+        run_grid(FakeRunner(), _grid(), path, _info(), vocab_size=256, progress=False)
+    assert path.read_bytes() == rows and not sidecar_path(path).exists()
 
 
 def test_points_beyond_the_pool_are_skipped(tmp_path: Path) -> None:

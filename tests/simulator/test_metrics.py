@@ -10,13 +10,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from simulator.errors import ConfigError
 from simulator.results import run_folder
-from simulator.results.intervals import summaries_with_ci
+from simulator.results.intervals import metric_interval, summaries_with_ci
 from simulator.results.request_log import RequestLog
 from simulator.results.run_folder import save_run
 from simulator.results.run_result import ProfileInfo, RunResult, VariantResult
@@ -287,18 +287,46 @@ def test_slo_and_cost_are_frozen_and_strict() -> None:
 # --------------------------------------------------------------------------------------------------------
 
 
-def test_confidence_interval_uses_student_t() -> None:
+def test_seed_intervals_bootstrap_three_seeds_and_give_two_seeds_their_range() -> None:
     runs = [hand_summary(kv_util_mean=v) for v in (0.1, 0.2, 0.3)]
     ci = summaries_with_ci(runs)["kv_util_mean"]
-    half = 4.302652729911275 * 0.1 / math.sqrt(3)  # t(0.975, 2) * s / sqrt(n)
-    assert ci.mean == pytest.approx(0.2)
-    assert (ci.low, ci.high) == pytest.approx((0.2 - half, 0.2 + half))
-    assert ci.num_samples == 3
+    assert ci.mean == pytest.approx(0.2) and ci.num_samples == 3 and ci.kind == "bootstrap"
+    # Three seeds: drawing the smallest three times has probability 1/27 > 2.5 %, so the 95 % ends are the
+    # smallest and the largest seed.
+    assert (ci.low, ci.high) == pytest.approx((0.1, 0.3))
+    four = metric_interval(np.array([0.1, 0.2, 0.3, 0.4]))  # 1/256 < 2.5 %: the ends move inside the range
+    assert 0.1 < four.low < 0.25 < four.high < 0.4
+    assert summaries_with_ci(runs)["kv_util_mean"] == ci, "the same seeds give the same interval"
+    assert ci.to_dict()["interval"] == "bootstrap"
     single = summaries_with_ci(runs[:1])["kv_util_mean"]
-    assert math.isnan(single.low) and single.to_dict()["high"] is None
-    assert summaries_with_ci(runs)["cost_per_mtok_usd"].low == pytest.approx(runs[0].cost_per_mtok_usd)
+    assert math.isnan(single.low) and single.to_dict()["high"] is None and single.kind == "none"
+    pair = summaries_with_ci(runs[:2])["kv_util_mean"]
+    assert (pair.kind, pair.low, pair.high) == ("range", 0.1, 0.2) and pair.describe() == "the range of the 2 seeds"
     with pytest.raises(ValueError):
         summaries_with_ci([])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(min_value=0.0, max_value=1e6, allow_nan=False), min_size=1, max_size=12),
+       st.booleans())
+@example([699051.0, 699051.0, 699050.9750399364], False)  # a mean of three draws rounded 1 ulp below the least
+def test_seed_intervals_stay_within_the_values_a_figure_can_take(values: list[float], share: bool) -> None:
+    """Never negative for a latency (the t-interval printed "TPOT p99 82.2 [-6.5, 170.8] ms" from two seeds),
+    never outside [0, 1] for a share: every end lies within the seeds' own values."""
+    data = np.array([v / 1e6 for v in values] if share else values)
+    ci = metric_interval(data)
+    if len(values) >= 2:
+        assert data.min() <= ci.low <= ci.high <= data.max()
+        assert ci.low <= ci.mean * (1 + 1e-12) and ci.mean <= ci.high * (1 + 1e-12)
+        assert ci.kind == ("range" if len(values) == 2 else "bootstrap")
+    else:
+        assert ci.kind == "none" and math.isnan(ci.low)
+
+
+def test_a_bootstrap_interval_shrinks_as_seeds_agree() -> None:
+    spread = metric_interval(np.array([10.0, 40.0, 20.0, 30.0]))
+    tight = metric_interval(np.array([24.0, 26.0, 25.0, 25.0]))
+    assert spread.high - spread.low > 5 * (tight.high - tight.low) > 0
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import operator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
@@ -17,7 +18,8 @@ from simulator.cli import main as cli
 from simulator.errors import ConfigError
 from simulator.planning.criteria import Criterion, parse_search, parse_slo
 from simulator.planning.plan import _verdict, plan
-from simulator.planning.plan_result import Evaluation, ReplicaAnswer
+from simulator.planning.plan_report import plan_figures, save_plan_report
+from simulator.planning.plan_result import Evaluation, PlanResult, ReplicaAnswer
 from simulator.planning.search import largest_passing_factor, smallest_passing
 from simulator.results.intervals import MetricCI
 from simulator.scenario import deep_merge, expand_dotted, load_mapping
@@ -174,6 +176,30 @@ def test_plan_with_seeds_knee_sensitivity_and_json(tmp_path: Path) -> None:
     assert set(doc["sensitivity"]) == {"0.9", "1.1"} and doc["knee"]["rate_rps"] > 0
     assert (tmp_path / "trials.csv").exists()
     assert f"answer: {n} replica(s)" in result.text()
+    assert "2 seeds are too few for a confidence interval" in result.text()
+    check_plan_page(result, tmp_path)
+
+
+def check_plan_page(result: PlanResult, folder: Path) -> None:
+    """plan.html: the answer's latency-replicas curve is the seed mean of its trials with the seeds' range as
+    error bars, the SLO and the answer are marked, sensitivity curves ride along, and plotly is inlined."""
+    figures = plan_figures(result)
+    assert {"latency-ttft_p99_ms", "latency-tpot_p99_ms", "attainment", "knee"} <= set(figures)
+    ttft = figures["latency-ttft_p99_ms"]
+    main, *others = ttft.data
+    rows = result.trials[(result.trials["purpose"] == "replicas")]
+    means = rows.groupby("replicas")["ttft_p99_ms"].agg(["mean", "min", "max"])
+    assert list(main.x) == list(means.index) and np.allclose(main.y, means["mean"])
+    assert np.allclose(np.asarray(main.error_y.array) + main.y, means["max"])
+    assert np.allclose(main.y - np.asarray(main.error_y.arrayminus), means["min"])
+    assert result.replicas in main.x and len(others) == 2  # steps x0.9 and x1.1
+    assert {t.name for t in others} == {"step times x0.9", "step times x1.1"}
+    shapes = ttft.layout.shapes
+    assert any(sh.y0 == 300 and sh.y1 == 300 for sh in shapes), "the per-request TTFT SLO line"
+    assert any(sh.x0 == result.replicas == sh.x1 for sh in shapes), "the answer's line"
+    page = save_plan_report(result, folder).read_text()
+    assert "<script src=" not in page and len(page) > 1_000_000  # offline: plotly.js inlined once
+    assert page.count("<script>/**") == 1 and page.count("plotly.js v") == 1 and 'id="latency-ttft_p99_ms"' in page
 
 
 def test_unreachable_slo_has_no_answer() -> None:
@@ -202,6 +228,7 @@ def test_cli_plan_prints_the_answer_and_writes_plan_json(plugin: None, tmp_path:
     doc = json.loads((out / "plan.json").read_text())
     assert f"answer: {doc['answer']['replicas']} replica(s)" in printed
     assert "if step times are x1.1" in printed
+    assert f"page: {out / 'plan.html'}" in printed and 'id="attainment"' in (out / "plan.html").read_text()
 
 
 def test_cli_plan_bad_input_is_one_line(plugin: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -229,7 +256,13 @@ def test_a_given_slo_merges_with_the_scenarios() -> None:
 
 def test_a_printed_interval_is_never_negative() -> None:
     from simulator.planning.plan_result import ci_text
+    from simulator.results.intervals import metric_interval
 
-    assert ci_text(MetricCI(mean=82.2, low=-6.5, high=170.8, num_samples=2), ".1f") == "82.2 [0.0, 170.8]"
-    assert ci_text(MetricCI(mean=0.95, low=0.8, high=1.1, num_samples=2), ".2f", share=True) == "0.95 [0.80, 1.00]"
-    assert ci_text(MetricCI(mean=5.0, low=4.0, high=6.0, num_samples=3), ".0f") == "5 [4, 6]"
+    # The TPOT p99 of two seeds that printed "82.2 [-6.5, 170.8] ms" under a Student-t interval.
+    two = metric_interval(np.array([75.3, 89.1]))
+    assert ci_text(two, ".1f") == "82.2 (seeds 75.3 to 89.1)"
+    share = metric_interval(np.array([0.97, 1.0, 0.99, 1.0]))
+    text = ci_text(share, ".3f")
+    low, high = (float(x) for x in text[text.index("[") + 1 : -1].split(", "))
+    assert 0.97 <= low <= high <= 1.0
+    assert ci_text(metric_interval(np.array([5.0])), ".0f") == "5"
