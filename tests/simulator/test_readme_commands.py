@@ -66,6 +66,7 @@ CASES: dict[str, Case] = {
     "paging": run_case("fleetsim run scenarios/paging.yaml", "paging", "out/report.html"),
     "routing": run_case("fleetsim run scenarios/routing.yaml", "routing", "out/report.html"),
     "presets": run_case("fleetsim run scenarios/presets.yaml", "presets", "out/report.html"),
+    "moe": run_case("fleetsim run scenarios/moe.yaml", "moe", "out/report.html"),
     "azure_conv": run_case("fleetsim run scenarios/azure_conv.yaml", "azure_conv", "out/report.html",
                            needs="traces"),
     "mooncake": run_case("mooncake.yaml", "mooncake", "out/report.html", needs="traces"),
