@@ -37,8 +37,10 @@ from simulator.workload.workload import Workload
 __all__ = ["InspectFn", "ProgressFn", "run", "simulate"]
 
 
-def run(loaded: LoadedScenario, *, progress: ProgressFn | None = None, inspect: InspectFn | None = None) -> RunResult:
-    """Simulate every variant of a scenario on the same request stream."""
+def run(loaded: LoadedScenario, *, progress: ProgressFn | None = None, inspect: InspectFn | None = None,
+        prepare: InspectFn | None = None) -> RunResult:
+    """Simulate every variant of a scenario on the same request stream (``inspect`` sees each variant's
+    replicas after its clock stopped, ``prepare`` before it starts)."""
     variants = loaded.variants()
     workloads: dict[tuple[str, int], Workload] = {}
     results = {}
@@ -48,18 +50,21 @@ def run(loaded: LoadedScenario, *, progress: ProgressFn | None = None, inspect: 
         if key not in workloads:  # hashes depend on the block size; arrivals and lengths do not
             workloads[key] = generate(scenario.workload, seed=scenario.seed, block_size=block_size,
                                       base_dir=loaded.base_dir)
-        results[name] = simulate(scenario, workloads[key], name=name, progress=progress, inspect=inspect)
+        results[name] = simulate(scenario, workloads[key], name=name, progress=progress, inspect=inspect,
+                                 prepare=prepare)
     record = {name: scenario_record(sc) for name, sc in variants.items()}
     return RunResult(scenario_name=loaded.scenario.name, variants=results, scenario=record)
 
 
 def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
-             progress: ProgressFn | None = None, inspect: InspectFn | None = None) -> VariantResult:
+             progress: ProgressFn | None = None, inspect: InspectFn | None = None,
+             prepare: InspectFn | None = None) -> VariantResult:
     """One variant: build the replicas and the router, replay the workload, summarise."""
     if scenario.fleet.pools is not None:
-        return _simulate_pools(scenario, workload, name=name, progress=progress, inspect=inspect)
+        return _simulate_pools(scenario, workload, name=name, progress=progress, inspect=inspect, prepare=prepare)
     setup = resolve_replica(scenario)
-    fleet = run_fleet(fleet_setup(scenario, setup), workload, name=name, progress=progress, inspect=inspect)
+    fleet = run_fleet(fleet_setup(scenario, setup), workload, name=name, progress=progress, inspect=inspect,
+                      prepare=prepare)
     profile = setup.profile
     return VariantResult(
         name=name,
@@ -125,7 +130,7 @@ def gpu_price(scenario: Scenario, hardware: str) -> float | None:
 
 
 def _simulate_pools(scenario: Scenario, workload: Workload, *, name: str, progress: ProgressFn | None,
-                    inspect: InspectFn | None) -> VariantResult:
+                    inspect: InspectFn | None, prepare: InspectFn | None) -> VariantResult:
     """A variant whose fleet is given as pools: one mixed pool runs as any fleet does; several pools (of
     mixed GPUs, or prefill and decode) run through ``run_pooled_fleet``."""
     pools = resolve_pools(scenario)
@@ -135,7 +140,8 @@ def _simulate_pools(scenario: Scenario, workload: Workload, *, name: str, progre
     handoffs = coordinator = None
     if len(pools) == 1 and pools[0].role is Role.MIXED:
         only = pool_scenario(scenario, pools[0].name)
-        fleet = run_fleet(fleet_setup(only, pools[0].setup), workload, name=name, progress=progress, inspect=inspect)
+        fleet = run_fleet(fleet_setup(only, pools[0].setup), workload, name=name, progress=progress, inspect=inspect,
+                          prepare=prepare)
         pool_of = [pools[0].name] * len(fleet.replicas)
     else:
         groups = tuple(PoolGroup(name=pool.name, role=pool.role, num_replicas=pool.replicas,
@@ -149,7 +155,7 @@ def _simulate_pools(scenario: Scenario, workload: Workload, *, name: str, progre
             disaggregation=disaggregation_of(scenario) if disaggregated else None, transfer=transfer,
             seed=scenario.seed, network_latency_s=scenario.network.latency_ms / 1000.0,
             sample_interval_s=sim.sample_interval_s, fast_path=sim.fast_path, horizon_s=sim.horizon_s,
-        ), workload, name=name, progress=progress, inspect=inspect)
+        ), workload, name=name, progress=progress, inspect=inspect, prepare=prepare)
         fleet, pool_of, handoffs, coordinator = run.fleet, run.pool_of, run.handoffs, run.coordinator
     prices = [gpu_price(scenario, pool.fleet.hardware) for pool in pools]
     num_gpus = sum(pool.gpus for pool in pools)

@@ -65,8 +65,10 @@ class FleetRun:
 
 
 def run_fleet(setup: FleetSetup, workload: Workload, *, name: str = "base",
-              progress: ProgressFn | None = None, inspect: InspectFn | None = None) -> FleetRun:
-    """Build the replicas and the router, replay the workload until the horizon (or the last finish)."""
+              progress: ProgressFn | None = None, inspect: InspectFn | None = None,
+              prepare: InspectFn | None = None) -> FleetRun:
+    """Build the replicas and the router, replay the workload until the horizon (or the last finish);
+    ``prepare`` sees the replicas before the clock starts (to attach recorders, ``Replica.on_plan``)."""
     env = simpy.Environment()
     num_requests = len(workload)
     log = RequestLog(num_requests)
@@ -81,17 +83,20 @@ def run_fleet(setup: FleetSetup, workload: Workload, *, name: str = "base",
     # Block hashes only matter to a prefix cache (the prefix-aware router reads them through one too).
     return replay(env, log, replicas, workload, route=state.route_fn(router),
                   block_hashes=setup.scheduler.prefix_caching, horizon_s=setup.horizon_s, name=name,
-                  progress=progress, inspect=inspect)
+                  progress=progress, inspect=inspect, prepare=prepare)
 
 
 def replay(env: simpy.Environment, log: RequestLog, replicas: list[Replica], workload: Workload, *,
            route: RouteFn | None = None, dispatch: DispatchFn | None = None, block_hashes: bool,
-           horizon_s: float | None, name: str, progress: ProgressFn | None, inspect: InspectFn | None) -> FleetRun:
+           horizon_s: float | None, name: str, progress: ProgressFn | None, inspect: InspectFn | None,
+           prepare: InspectFn | None = None) -> FleetRun:
     """Feed the workload to built replicas (``route`` picks one per request, or ``dispatch`` takes each
     request) until the horizon (or the last finish); ``block_hashes``: the specs carry their hashes."""
     num_requests = len(workload)
     for replica in replicas:
         replica.series.kv_probe = _kv_probe(replica)
+    if prepare is not None:
+        prepare(name, replicas)
     specs = workload.iter_specs(block_hashes=block_hashes)
 
     def report(arrived: int) -> None:

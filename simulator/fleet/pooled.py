@@ -69,7 +69,8 @@ class PooledRun:
 
 
 def run_pooled_fleet(setup: PooledSetup, workload: Workload, *, name: str = "base",
-                     progress: ProgressFn | None = None, inspect: InspectFn | None = None) -> PooledRun:
+                     progress: ProgressFn | None = None, inspect: InspectFn | None = None,
+                     prepare: InspectFn | None = None) -> PooledRun:
     """Build every pool's replicas and the router (or the disaggregated request path), replay the workload."""
     env = simpy.Environment()
     num_requests = len(workload)
@@ -91,7 +92,7 @@ def run_pooled_fleet(setup: PooledSetup, workload: Workload, *, name: str = "bas
         router = make_router(setup.router, total, setup.seed)
         state = RouterState(replicas, setup.router.refresh_s, loads=loads)
         run = replay(env, log, replicas, workload, route=state.route_fn(router), block_hashes=caching,
-                     horizon_s=setup.horizon_s, name=name, progress=progress, inspect=inspect)
+                     horizon_s=setup.horizon_s, name=name, progress=progress, inspect=inspect, prepare=prepare)
         return PooledRun(run, pool_of, None, None)
     handoffs = HandoffLog(num_requests)
     coordinator = Disaggregation(
@@ -102,7 +103,7 @@ def run_pooled_fleet(setup: PooledSetup, workload: Workload, *, name: str = "bas
         seed=setup.seed, network_latency_s=setup.network_latency_s,
     )
     run = replay(env, log, replicas, workload, dispatch=coordinator.dispatch, block_hashes=caching,
-                 horizon_s=setup.horizon_s, name=name, progress=progress, inspect=inspect)
+                 horizon_s=setup.horizon_s, name=name, progress=progress, inspect=inspect, prepare=prepare)
     return PooledRun(run, pool_of, handoffs, coordinator)
 
 
