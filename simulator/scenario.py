@@ -692,7 +692,9 @@ def memory_estimate_bytes(scenario: Scenario) -> int | None:
         num_requests = by_duration if num_requests is None else min(num_requests, by_duration)
     if num_requests is None:
         return None
-    return int(BASE_BYTES + num_requests * BYTES_PER_REQUEST + scenario.fleet.replicas * BYTES_PER_REPLICA)
+    pools = scenario.fleet.pools
+    replicas = sum(pool.replicas for pool in pools.values()) if pools is not None else scenario.fleet.replicas
+    return int(BASE_BYTES + num_requests * BYTES_PER_REQUEST + replicas * BYTES_PER_REPLICA)
 
 
 def available_memory_bytes() -> int | None:
