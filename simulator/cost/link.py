@@ -27,7 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from simulator import yaml_text
-from simulator.cost.profile import config_error_from_validation
+from simulator.cost.profile import config_error_from_validation, hardware_path
 from simulator.errors import ConfigError
 
 
@@ -67,10 +67,8 @@ class LinkTable(_Frozen):
 
 
 def links_path() -> Path:
-    """Where the link table lives (a data file of the calibration package, found by path)."""
-    import simulator
-
-    return Path(simulator.__file__).resolve().parent.parent / "calibration" / "links.yaml"
+    """Where the link table lives: beside the datasheet table, a data file of the calibration package."""
+    return hardware_path().parent / "links.yaml"
 
 
 @functools.lru_cache(maxsize=4)
