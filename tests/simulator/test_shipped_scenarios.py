@@ -169,7 +169,7 @@ def test_cache_aware_routing_raises_hits_and_cuts_ttft(routing: dict[str, Summar
 
 
 DISAGGREGATION = ["summarise_aggregated_2", "summarise_1p1d", "chat_aggregated_2", "chat_1p1d"]
-"""The layouts on two GPUs, at full size: the chat case needs its 3,000 requests for the decode worker's
+"""The layouts on two GPUs, at full size: the chat case needs its 2,000 requests for the decode worker's
 batch to reach its limit."""
 
 
