@@ -82,11 +82,13 @@ class Reservation:
     """Blocks a decode worker reserved for one request's prompt KV, before the transfer."""
 
     request_id: int
+    """The request the blocks are for."""
     block_ids: tuple[int, ...]
     """The decode worker's blocks holding the prompt, in token order (the table the KV lands in)."""
     num_hit_blocks: int
     """Leading blocks the decode worker's prefix cache already held: their KV is not sent."""
     num_prompt_tokens: int
+    """Tokens of the prompt whose KV the blocks hold once it has landed."""
 
     @property
     def num_sent_blocks(self) -> int:

@@ -31,10 +31,15 @@ class PoolGroup:
     """One pool as the fleet runs it: identical replicas with one role, engine and cost model."""
 
     name: str
+    """The pool's name in the scenario (``fleet.pools.NAME``)."""
     role: Role
+    """mixed, prefill or decode (also its scheduler's role)."""
     num_replicas: int
+    """Replicas in the pool (at least one)."""
     scheduler: SchedulerConfig
+    """Every replica's scheduler configuration."""
     cost: CostModel
+    """Every replica's step-time model."""
     speed: float
     """Relative speed of this pool's replicas (1.0 = the fleet's fastest)."""
 
@@ -51,10 +56,15 @@ class PooledSetup:
     transfer: dict[tuple[str, str], TransferModel]
     """The link's model between each (prefill pool, decode pool) pair, by pool names."""
     seed: int
+    """Seed of randomised routers (the decode side's router takes the next one)."""
     network_latency_s: float
+    """One-way replica-to-client latency added to every token the client sees."""
     sample_interval_s: float
+    """Grid of the per-replica time series."""
     fast_path: bool
+    """Advance runs of identical decode steps in one event (same results as step by step)."""
     horizon_s: float | None
+    """Stop the clock here; None = run until every request finished."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +72,13 @@ class PooledRun:
     """What the clock left: the fleet's run, each replica's pool, and a disaggregated fleet's hand-offs."""
 
     fleet: FleetRun
+    """The log, the replicas as they ended and the end time, as a one-pool fleet's."""
     pool_of: list[str]
     """Pool name of each replica, by replica id."""
     handoffs: HandoffLog | None
+    """A disaggregated fleet's per-request hand-off columns; None for mixed pools."""
     coordinator: Disaggregation | None
+    """A disaggregated fleet's request path (its counts of requests that waited); None for mixed pools."""
 
 
 def run_pooled_fleet(setup: PooledSetup, workload: Workload, *, name: str = "base",

@@ -22,15 +22,20 @@ class PoolFigures:
     """One pool's settings and what its replicas did over the run."""
 
     name: str
+    """The pool's name (``fleet`` for a fleet given without pools)."""
     role: str
+    """mixed, prefill or decode."""
     hardware: str
     model: str
     tp: int
+    """GPUs per replica."""
     replicas: int
     num_gpus: int
+    """replicas x tp."""
     profile: str
+    """The cost-model profile its replicas run."""
     usd_per_gpu_hour: float
-    """NaN when the hardware has no price."""
+    """Price of one of its GPUs for an hour; NaN when the hardware has no price."""
     busy_frac: float
     """Share of the run its replicas spent running steps."""
     kv_util_mean: float
@@ -52,7 +57,9 @@ class FleetFigures:
     """A variant's fleet as pools, with the per-GPU figures that compare placements."""
 
     pools: tuple[PoolFigures, ...]
+    """Each pool, in the scenario's order."""
     num_gpus: int
+    """GPUs of the whole fleet."""
     goodput_per_gpu_rps: float
     """Requests per second meeting the SLO, per GPU of the fleet."""
     usd_per_hour: float
