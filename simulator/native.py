@@ -33,6 +33,7 @@ MODULES = (
     "simulator.core.step",
     "simulator.core.block_pool",
     "simulator.core.kv_manager",
+    "simulator.core.kv_transfer",
     "simulator.core.scheduler",
     "simulator.core.decode_run",
     "simulator.cost.cost_model",

@@ -20,15 +20,17 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simulator import yaml_text
-from simulator.core.config import Batching, KVPolicy, Preemption, QueuePolicy, SchedulerConfig
+from simulator.core.config import Batching, KVPolicy, Preemption, QueuePolicy, Role, SchedulerConfig
 from simulator.core.presets import PRESETS
 from simulator.cost.dtypes import KvDtype, WeightDtype
 from simulator.cost.engines import host_coefficients
 from simulator.cost.kv_pool import serve_defaults
+from simulator.cost.link import TransferModel, get_link, transfer_model
 from simulator.cost.moe import Routing
 from simulator.cost.profile import Profile, config_error_from_validation, get_accelerator, list_profiles, load_profile
 from simulator.cost.reprice import at_dtypes
 from simulator.errors import ConfigError
+from simulator.fleet.disaggregation import DisaggregationConfig
 from simulator.fleet.router import RouterConfig
 from simulator.results.summary import SLO, CostConfig
 from simulator.workload.config import WorkloadConfig
@@ -105,9 +107,40 @@ class EngineConfig(_Section):
     kv: KVConfig = KVConfig()
 
 
+class PoolConfig(_Section):
+    """One pool of identical replicas (``fleet.pools.NAME``). Unset fields take the fleet's (hardware,
+    model, tp, profile, weight_dtype) and the ``engine`` section's (each field the pool's ``engine`` sets
+    overrides it)."""
+
+    role: Role = Role.MIXED
+    """mixed (prefill and decode on each replica), prefill or decode (a disaggregated fleet's two sides)."""
+    replicas: int = Field(le=100_000)
+    """Replicas in this pool (at least one: an empty pool serves nothing)."""
+    hardware: str | None = None
+    """Accelerator of this pool's replicas; None = fleet.hardware."""
+    model: str | None = None
+    """Model; None = fleet.model (a prefill and a decode pool must serve the same one)."""
+    tp: int | None = Field(default=None, ge=1)
+    """Tensor-parallel degree; None = fleet.tp (prefill and decode pools may differ)."""
+    profile: str | None = None
+    """Cost-model profile; None = fleet.profile when this pool keeps the fleet's hardware, model and tp,
+    else the shipped profile for its own."""
+    weight_dtype: WeightDtype | None = None
+    """Weight dtype; None = fleet.weight_dtype."""
+    engine: EngineConfig = EngineConfig()
+    """Engine settings of this pool, over the ``engine`` section's (only the fields given here)."""
+
+    @field_validator("replicas")
+    @classmethod
+    def _not_empty(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("a pool needs at least one replica: an empty pool serves nothing (leave the pool out)")
+        return value
+
+
 class FleetConfig(_Section):
     replicas: int = Field(default=1, ge=1, le=100_000)
-    """Identical replicas behind the router."""
+    """Identical replicas behind the router (unused when ``pools`` are given: each says its own)."""
     hardware: str = "H200"
     """Accelerator short name in calibration/hardware.yaml (H100, H200, A100, L40S, B200)."""
     model: str = "llama-3-8b"
@@ -128,6 +161,11 @@ class FleetConfig(_Section):
     zipf_exponent: float | None = Field(default=None, ge=0)
     """Exponent of zipf routing (0.6: load Gini 0.36 over Qwen3's 128 experts, the most concentrated
     routing DODOCO, arXiv 2605.20982, measured); only with expert_routing zipf."""
+
+    pools: dict[str, PoolConfig] | None = None
+    """Several pools by name, each with its own GPUs, model shard, engine settings and replicas: mixed
+    pools behind one router (a fleet of mixed GPUs), or prefill and decode pools (disaggregated, see the
+    ``disaggregation`` section). None = one pool of ``replicas`` as the fields above describe."""
 
     @model_validator(mode="after")
     def _zipf_needs_zipf(self) -> FleetConfig:
@@ -180,6 +218,10 @@ class Scenario(_Section):
     cost: CostConfig = CostConfig()
     network: NetworkConfig = NetworkConfig()
     simulation: SimulationConfig = SimulationConfig()
+    disaggregation: DisaggregationConfig | None = None
+    """How prefill and decode pools hand a request over (the link, streaming or not, where the first
+    token comes from, the two routers); None = the defaults, where ``fleet.pools`` has prefill and decode
+    pools."""
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Named overrides of the sections above, run side by side on the identical request stream."""
 
@@ -261,7 +303,10 @@ def load_mapping(raw: dict[str, Any], overrides: list[str] | tuple[str, ...] = (
     variants = loaded.variants()  # a broken variant is a load error, not a surprise halfway through a run
     for name, sc in variants.items():
         try:
-            resolve_replica(sc)
+            if sc.fleet.pools is None:
+                resolve_replica(sc)
+            else:
+                resolve_pools(sc)
             check_memory(sc)
             check_hash_ring(sc)
         except ConfigError as err:  # name the file (and the variant) the impossible setting came from
@@ -510,6 +555,143 @@ def with_routing(profile: Profile, fleet: FleetConfig) -> Profile:
     return profile.model_copy(update={"moe": moe})
 
 
+@dataclass(frozen=True, slots=True)
+class ResolvedPool:
+    """One pool of a scenario's fleet, resolved: its settings and what each of its replicas runs."""
+
+    name: str
+    role: Role
+    replicas: int
+    fleet: FleetConfig
+    """The pool's own fleet fields (hardware, model, tp, profile), the fleet's filled in."""
+    setup: ReplicaSetup
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.fleet.tp
+
+
+def pool_scenario(scenario: Scenario, name: str) -> Scenario:
+    """Pool ``name`` of ``scenario.fleet.pools`` as a scenario of that one pool: its fleet fields with the
+    fleet's filled in, and the engine section with the pool's engine fields over it."""
+    fleet = scenario.fleet
+    if fleet.pools is None or name not in fleet.pools:
+        raise KeyError(name)
+    pool = fleet.pools[name]
+    hardware = pool.hardware or fleet.hardware
+    model = pool.model or fleet.model
+    tp = pool.tp or fleet.tp
+    keeps = (hardware.lower(), model, tp) == (fleet.hardware.lower(), fleet.model, fleet.tp)
+    profile = pool.profile if pool.profile is not None else fleet.profile if keeps else None
+    pool_fleet = FleetConfig(replicas=pool.replicas, hardware=hardware, model=model, tp=tp, profile=profile,
+                             weight_dtype=pool.weight_dtype or fleet.weight_dtype)
+    engine = EngineConfig.model_validate(deep_merge(scenario.engine.model_dump(exclude_unset=True),
+                                                    pool.engine.model_dump(exclude_unset=True)))
+    return scenario.model_copy(update={"fleet": pool_fleet, "engine": engine})
+
+
+def resolve_pools(scenario: Scenario) -> list[ResolvedPool]:
+    """Every pool of the fleet, resolved (a fleet without ``pools`` is one mixed pool named ``fleet``), with
+    the rules that tie pools together checked: roles, one block size, and a decode pool able to take its
+    prefill pools' KV as it is."""
+    if scenario.fleet.pools is None:
+        return [ResolvedPool("fleet", Role.MIXED, scenario.fleet.replicas, scenario.fleet, resolve_replica(scenario))]
+    pools = []
+    for name, pool in scenario.fleet.pools.items():
+        try:
+            setup = resolve_replica(pool_scenario(scenario, name))
+        except ConfigError as err:
+            raise ConfigError(f"pool {name}: {err.message}", file=err.file,
+                              field=_pool_field(name, err.field)) from None
+        setup = ReplicaSetup(profile=setup.profile, scheduler=replace(setup.scheduler, role=pool.role))
+        pools.append(ResolvedPool(name, pool.role, pool.replicas, pool_scenario(scenario, name).fleet, setup))
+    _check_pools(scenario, pools)
+    return pools
+
+
+def _pool_field(pool: str, field: str | None) -> str:
+    """A field of the one-pool scenario as the pool's own field (``fleet.tp`` -> ``fleet.pools.P.tp``)."""
+    base = f"fleet.pools.{pool}"
+    if not field or field == "fleet":
+        return base
+    if field.startswith("fleet."):
+        return f"{base}.{field.removeprefix('fleet.')}"
+    return f"{base}.{field}"
+
+
+def _check_pools(scenario: Scenario, pools: list[ResolvedPool]) -> None:
+    roles = {pool.role for pool in pools}
+    if roles & {Role.PREFILL, Role.DECODE}:
+        if Role.MIXED in roles:
+            mixed = next(p.name for p in pools if p.role is Role.MIXED)
+            raise ConfigError(f"pool {mixed} is mixed in a fleet of prefill and decode pools: a disaggregated "
+                              "fleet's pools are each prefill or decode", field=f"fleet.pools.{mixed}.role")
+        missing = Role.DECODE if Role.DECODE not in roles else Role.PREFILL if Role.PREFILL not in roles else None
+        if missing is not None:
+            raise ConfigError(f"a fleet with {'prefill' if missing is Role.DECODE else 'decode'} pools needs a "
+                              f"{missing} pool too: requests go from one to the other", field="fleet.pools")
+    first = pools[0]
+    for pool in pools[1:]:
+        if pool.setup.scheduler.block_size != first.setup.scheduler.block_size:
+            raise ConfigError(
+                f"pool {pool.name} has KV blocks of {pool.setup.scheduler.block_size} tokens and pool {first.name} "
+                f"of {first.setup.scheduler.block_size}: one fleet has one block size (KV moves between pools "
+                "block by block, and prefix hashes are per block)",
+                field=f"fleet.pools.{pool.name}.engine.kv.block_size")
+    prefill = [p for p in pools if p.role is Role.PREFILL]
+    for pool in (p for p in pools if p.role is Role.DECODE):
+        if pool.setup.scheduler.batching is Batching.STATIC:
+            raise ConfigError(f"pool {pool.name} is a decode pool with static batching: a decode worker takes each "
+                              "request into its running batch as its KV lands",
+                              field=f"fleet.pools.{pool.name}.engine.batching")
+        for other in prefill:
+            _check_kv_compatible(other, pool)
+            link_transfer(scenario, other, pool)  # the link exists and carries their KV
+
+
+def _check_kv_compatible(prefill: ResolvedPool, decode: ResolvedPool) -> None:
+    """A decode pool takes the KV its prefill pools compute, as it is: the same model and KV dtype."""
+    p, d = prefill.setup.profile, decode.setup.profile
+    if p.model != d.model:
+        raise ConfigError(f"pool {decode.name} serves {d.model} but prefill pool {prefill.name} serves {p.model}: "
+                          "a decode worker continues the prefill worker's KV", field=f"fleet.pools.{decode.name}.model")
+    if (p.kv_dtype or p.dtype) != (d.kv_dtype or d.dtype):
+        raise ConfigError(f"pool {decode.name} keeps KV as {d.kv_dtype or d.dtype} but prefill pool {prefill.name} "
+                          f"as {p.kv_dtype or p.dtype}: the KV moves as it is",
+                          field=f"fleet.pools.{decode.name}.engine.kv.dtype")
+    if p.memory.kv_bytes_per_token * p.tp != d.memory.kv_bytes_per_token * d.tp:
+        raise ConfigError(f"pool {decode.name}'s KV takes {d.memory.kv_bytes_per_token * d.tp} bytes per token and "
+                          f"prefill pool {prefill.name}'s {p.memory.kv_bytes_per_token * p.tp}: their profiles "
+                          "describe different KV layouts", field=f"fleet.pools.{decode.name}.profile")
+
+
+def disaggregation_of(scenario: Scenario) -> DisaggregationConfig:
+    """The scenario's hand-off settings (its section, or the defaults)."""
+    return scenario.disaggregation if scenario.disaggregation is not None else DisaggregationConfig()
+
+
+def link_transfer(scenario: Scenario, prefill: ResolvedPool, decode: ResolvedPool) -> TransferModel:
+    """The link's transfer model between a replica of ``prefill`` and one of ``decode``."""
+    config = disaggregation_of(scenario).link
+    try:
+        preset = get_link(config.preset)
+    except ConfigError as err:
+        raise ConfigError(err.message, field="disaggregation.link.preset") from None
+    link = preset.model_copy(update={
+        k: v for k, v in (("bandwidth_Bps", None if config.bandwidth_gb_s is None else config.bandwidth_gb_s * 1e9),
+                          ("latency_s", None if config.latency_us is None else config.latency_us * 1e-6),
+                          ("per_gpu", config.per_gpu)) if v is not None})
+    return transfer_model(link, kv_bytes_per_token_per_rank=prefill.setup.profile.memory.kv_bytes_per_token,
+                          prefill_tp=prefill.fleet.tp, decode_tp=decode.fleet.tp)
+
+
+def fleet_block_size(scenario: Scenario) -> int:
+    """Tokens per KV block of the scenario's fleet (one for all its pools): what its workload hashes by."""
+    if scenario.fleet.pools is None:
+        return resolve_replica(scenario).scheduler.block_size
+    return resolve_pools(scenario)[0].setup.scheduler.block_size
+
+
 HOST_ENGINE_OF_PRESET: dict[str, str] = {"tgi": "tgi", "trtllm": "trtllm", "trtllm-max-util": "trtllm"}
 """The host-overhead preset (calibration/engines.yaml) of each scheduler preset other than vLLM's, whose host
 preset follows its scheduling mode: vllm-v1-async under async scheduling, vllm-v1 without."""
@@ -554,7 +736,9 @@ def memory_estimate_bytes(scenario: Scenario) -> int | None:
         num_requests = by_duration if num_requests is None else min(num_requests, by_duration)
     if num_requests is None:
         return None
-    return int(BASE_BYTES + num_requests * BYTES_PER_REQUEST + scenario.fleet.replicas * BYTES_PER_REPLICA)
+    pools = scenario.fleet.pools
+    replicas = sum(pool.replicas for pool in pools.values()) if pools is not None else scenario.fleet.replicas
+    return int(BASE_BYTES + num_requests * BYTES_PER_REQUEST + replicas * BYTES_PER_REPLICA)
 
 
 def available_memory_bytes() -> int | None:
@@ -595,7 +779,18 @@ def check_memory(scenario: Scenario) -> None:
     )
 
 
+OPTIONAL_SECTIONS = (("disaggregation",), ("fleet", "pools"))
+"""Sections of features a run may not use: left out of its record when unset, so the record of a run
+without them reads as it did before they existed."""
+
+
 def scenario_record(scenario: Scenario) -> dict[str, Any]:
     """The resolved scenario as plain JSON data, for summary.json and exports."""
     data: dict[str, Any] = json.loads(scenario.model_dump_json(exclude={"variants"}))
+    for path in OPTIONAL_SECTIONS:
+        parent = data
+        for key in path[:-1]:
+            parent = parent[key]
+        if parent.get(path[-1], ...) is None:
+            del parent[path[-1]]
     return data

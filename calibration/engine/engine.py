@@ -166,6 +166,36 @@ class Engine:
         self, spec: RequestSpec, prompt_token_ids: Sequence[int] | None = None, *, ignore_eos: bool = True
     ) -> Request:
         """Queue a request (REJECTED if this replica could never serve it, as the core decides)."""
+        spec, prompt, scripted = self._tokens(spec, prompt_token_ids)
+        return self._register(self.scheduler.add_request(spec), prompt, scripted, ignore_eos)
+
+    def offer(
+        self, spec: RequestSpec, prompt_token_ids: Sequence[int] | None = None, *, ignore_eos: bool = True
+    ) -> Request:
+        """A decode engine: a request a prefill engine will compute, offered for a reservation of blocks
+        (``core.kv_transfer.KVReceiver``; REJECTED if this engine could never hold it)."""
+        receiver = self.scheduler.receiver
+        if receiver is None:
+            raise ValueError("offer is a decode engine's (SchedulerConfig.role decode)")
+        spec, prompt, scripted = self._tokens(spec, prompt_token_ids)
+        return self._register(receiver.offer(spec), prompt, scripted, ignore_eos)
+
+    def receive(self, request_id: int, first_token: int, *, num_cached_tokens: int = 0,
+                num_preemptions: int = 0) -> Request:
+        """A decode engine: the request's prompt KV is in the blocks it reserved and its first token came
+        with it; the request joins the running batch (``KVReceiver.complete``)."""
+        receiver = self.scheduler.receiver
+        if receiver is None:
+            raise ValueError("receive is a decode engine's (SchedulerConfig.role decode)")
+        request = receiver.complete(request_id, num_cached_tokens=num_cached_tokens, num_preemptions=num_preemptions)
+        self.token_ids[request_id].append(first_token)
+        self.outputs[request_id].append(first_token)
+        return request
+
+    def _tokens(self, spec: RequestSpec, prompt_token_ids: Sequence[int] | None
+                ) -> tuple[RequestSpec, list[int], list[int]]:
+        """The spec with block hashes, the prompt's token ids and the ids its hashes fix (see the module
+        docstring)."""
         rid = spec.request_id
         if rid in self.outputs:
             raise ValueError(f"request id {rid} was already added")
@@ -182,7 +212,10 @@ class Engine:
             prompt += pseudo_prompt(rid, spec.prompt_tokens - len(prompt), vocab, self.seed)
         if not spec.block_hashes:
             spec = replace(spec, block_hashes=chain_block_hashes(prompt, bs))
-        request = self.scheduler.add_request(spec)
+        return spec, prompt, scripted
+
+    def _register(self, request: Request, prompt: list[int], scripted: list[int], ignore_eos: bool) -> Request:
+        rid = request.request_id
         self.outputs[rid] = []
         if request.status is not RequestStatus.REJECTED:
             self.token_ids[rid] = prompt

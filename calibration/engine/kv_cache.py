@@ -141,3 +141,18 @@ class KVCache:
         if tuple(host.shape) != expected:
             raise ValueError(f"host tensor has shape {tuple(host.shape)}, expected {expected}")
         self.pool.index_copy_(2, ids, host.to(self.device, self.dtype))
+
+    def copy_blocks_to(self, other: KVCache, src_ids: Sequence[int], dst_ids: Sequence[int]) -> None:
+        """Copy blocks of every layer, K and V, into ``other``'s blocks ``dst_ids`` (the same count, in
+        order): a KV transfer between two engines' pools, with the block table remapped. The pools must
+        hold the same model's KV in the same layout and dtype; ``other`` may live on another device."""
+        if len(src_ids) != len(dst_ids):
+            raise ValueError(f"{len(src_ids)} source blocks but {len(dst_ids)} destinations")
+        if (self.pool.shape[:2] != other.pool.shape[:2] or self.pool.shape[3:] != other.pool.shape[3:]
+                or self.dtype != other.dtype):
+            raise ValueError(f"pools of different layouts: {tuple(self.pool.shape)} {self.dtype} and "
+                             f"{tuple(other.pool.shape)} {other.dtype}")
+        if not src_ids:
+            return
+        gathered = self.pool.index_select(2, self._index(src_ids))  # (layers, 2, n, bs, kv_heads, head_dim)
+        other.pool.index_copy_(2, other._index(dst_ids), gathered.to(other.device))

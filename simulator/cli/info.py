@@ -19,8 +19,10 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 
 def cmd_policies(args: argparse.Namespace) -> int:
-    from simulator.core.config import Batching, KVPolicy, Preemption, QueuePolicy
+    from simulator.core.config import Batching, KVPolicy, Preemption, QueuePolicy, Role
     from simulator.core.presets import PRESETS
+    from simulator.cost.link import load_links
+    from simulator.fleet.disaggregation import FirstToken, TransferMode
     from simulator.fleet.router import ROUTERS
 
     families: dict[str, list[str]] = {
@@ -30,6 +32,10 @@ def cmd_policies(args: argparse.Namespace) -> int:
         "queue": [q.value for q in QueuePolicy],
         "router": list(ROUTERS),
         "preset": list(PRESETS),
+        "pool role": [r.value for r in Role],
+        "kv link": list(load_links()),
+        "kv transfer": [t.value for t in TransferMode],
+        "first token": [f.value for f in FirstToken],
     }
     from simulator.workload.arrival import ARRIVAL_PROCESSES
     from simulator.workload.lengths import LENGTH_DISTRIBUTIONS

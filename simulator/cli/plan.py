@@ -18,6 +18,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from simulator.planning.criteria import parse_search, parse_slo
     from simulator.planning.plan import plan, print_log
 
+    if args.layouts:
+        return _plan_layouts(args)
     slo = parse_slo(args.slo) if args.slo else None
     search = parse_search(args.search or [])
     if args.seeds < 1:
@@ -45,6 +47,29 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"plan: {path}")
     print(f"page: {page} (latency and attainment against replicas)")
     return 0 if result.replicas is not None else 1
+
+
+def _plan_layouts(args: argparse.Namespace) -> int:
+    """``fleetsim plan --layouts``: aggregated vs disaggregated, the xPyD ratio and the GPU per pool."""
+    from simulator.planning.criteria import parse_hardware, parse_slo
+    from simulator.planning.layouts import plan_layouts
+    from simulator.planning.plan import print_log
+
+    layouts = [item.strip() for item in args.layouts.split(",") if item.strip()]
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
+    out = checked_out_dir(Path(args.out), args.overwrite) if args.out else None
+    result = plan_layouts(
+        args.scenario, slo=parse_slo(args.slo) if args.slo else None, layouts=layouts,  # type: ignore[arg-type]
+        hardware=parse_hardware(args.pool_hardware or []), objective=args.objective, max_gpus=args.max_gpus,
+        load_factor=args.load_factor, seeds=args.seeds, overrides=args.set or [], variant=args.variant,
+        workers=args.workers, log=None if args.quiet else print_log,
+    )
+    out = out or fresh_out_dir(f"{result.scenario_name}-layouts")
+    path = result.save(out)
+    print(result.text())
+    print(f"plan: {path}")
+    return 0 if result.best is not None else 1
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -97,6 +122,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-knee", action="store_true", help="skip the one-replica saturation search")
     p.add_argument("--workers", type=int, help="processes running seeds in parallel (default: one per seed)")
     p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a scenario field")
+    p.add_argument("--layouts", metavar="L1,L2",
+                   help="plan the layout instead: aggregated, disaggregated (the xPyD ratio), or both")
+    p.add_argument("--pool-hardware", action="append", metavar="ROLE=GPU1,GPU2",
+                   help="with --layouts, GPUs to try for a role: mixed, prefill or decode (default: the scenario's)")
+    p.add_argument("--objective", choices=["gpus", "cost"], default="gpus",
+                   help="with --layouts, the fewest GPUs (ties: lower cost) or the lowest $ per Mtok")
+    p.add_argument("--max-gpus", type=int, default=16, help="with --layouts, give up beyond this many GPUs (16)")
     p.add_argument("--out", help="output folder for plan.json, trials.csv and plan.html (default runs/NAME-plan)")
     p.add_argument("--overwrite", action="store_true", help="write into an existing non-empty --out")
     p.add_argument("--quiet", action="store_true", help="no progress lines")

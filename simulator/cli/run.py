@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simulator.cli.output import fresh_out_dir, progress_bar
+
+if TYPE_CHECKING:
+    from simulator.results.pools import FleetFigures
 
 SUMMARY_COLUMNS = (
     ("requests_completed", "done", "{:.0f}"),
@@ -25,6 +28,7 @@ SUMMARY_COLUMNS = (
     ("prefix_hit_rate", "prefix hit", "{:.3f}"),
     ("preemptions", "preempt", "{:.0f}"),
     ("cost_per_mtok_usd", "$/Mtok", "{:.3f}"),
+    ("goodput_per_gpu_rps", "good/GPU", "{:.2f}"),
 )
 
 
@@ -46,7 +50,19 @@ def format_table(rows: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def pools_line(name: str, fleet: FleetFigures) -> str:
+    """A pooled variant in one line: each pool's replicas, GPU and busy share; the hand-offs."""
+    pools = ", ".join(f"{p.name} {p.replicas}x{p.hardware} busy {p.busy_frac:.0%}" for p in fleet.pools)
+    line = f"pools of {name}: {pools}"
+    h = fleet.handoffs
+    if h is not None:
+        line += (f"; {h.num_landed} transfers, p50 {h.transfer_p50_ms:.2g} ms after the first token; "
+                 f"{h.num_waited} waited for decode memory")
+    return line
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    from simulator.results.report import goodput_per_gpu
     from simulator.results.run_folder import RunFiles, check_writable, save_run
     from simulator.scenario import load_scenario, pick_profile, vllm_gpu_defaults
     from simulator.simulation import run
@@ -66,8 +82,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         close()
     files = RunFiles.SUMMARY if args.summary_only else RunFiles.NO_REPORT if args.no_report else RunFiles.ALL
     saved = save_run(result, out, overwrite=args.overwrite, files=files)
-    rows = {name: v.summary.to_dict() for name, v in result.variants.items()}
+    rows = {name: {**v.summary.to_dict(), "goodput_per_gpu_rps": goodput_per_gpu(v.summary)}
+            for name, v in result.variants.items()}
     print(format_table(rows))
+    for variant in result.variants.values():
+        if variant.fleet is not None and len(variant.fleet.pools) > 1:
+            print(pools_line(variant.name, variant.fleet))
     base_profile = pick_profile(loaded.scenario.fleet)
     defaults = vllm_gpu_defaults(loaded.scenario, base_profile)
     if defaults is not None:

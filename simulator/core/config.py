@@ -34,6 +34,20 @@ class Preemption(StrEnum):
     """Copy the victim's KV to host memory; it resumes (ahead of new arrivals) by copying it back."""
 
 
+class Role(StrEnum):
+    """What a replica does with a request: all of it, or one side of a disaggregated fleet (Splitwise,
+    DistServe; vLLM's and SGLang's prefill/decode workers, Dynamo's)."""
+
+    MIXED = "mixed"
+    """Prefill and decode on one replica: every engine's default."""
+    PREFILL = "prefill"
+    """Computes a request's prompt KV and first token, then holds the KV blocks until the decode worker
+    has read them (``core.kv_transfer.KVSender``); the request ends here at its first token."""
+    DECODE = "decode"
+    """Takes requests whose prompt KV a prefill worker computes into blocks it reserved before the
+    transfer started (``core.kv_transfer.KVReceiver``), and generates the rest of their tokens."""
+
+
 class QueuePolicy(StrEnum):
     FCFS = "fcfs"
     PRIORITY = "priority"
@@ -84,6 +98,8 @@ class SchedulerConfig:
     computed but its finishes (freed blocks and seats) and new arrivals only one step later
     (vllm/v1/core/sched/async_scheduler.py and vllm/v1/engine/core.py ``step_with_batch_queue`` at
     vllm-project/vllm 014b235 / 00080ee). Chunked batching with recompute preemption only, as in vLLM v1."""
+    role: Role = Role.MIXED
+    """mixed (prefill and decode here, the default), or one side of a disaggregated fleet: prefill or decode."""
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1:

@@ -61,6 +61,9 @@ class RequestStatus(StrEnum):
     """Preempted by recompute: back in the waiting queue with no KV."""
     SWAPPED = "swapped"
     """Preempted by swap: its KV lives in host memory until it is swapped back in."""
+    WAITING_FOR_KV = "waiting_for_kv"
+    """On a decode worker: waiting for blocks to be reserved, or for the KV a prefill worker computes to
+    land in them (vLLM's WAITING_FOR_REMOTE_KVS)."""
     FINISHED = "finished"
     REJECTED = "rejected"
     """Can never be served by this replica (longer than max_model_len or than the whole KV pool)."""

@@ -13,6 +13,11 @@ request may be handed tokens:
 The KV policy (paged / contiguous / reserve) is a reservation size passed to the KV manager; preemption
 (recompute / swap) is what happens to a victim when the KV manager answers ``None``.
 
+A disaggregated fleet's workers run this same class with a role (``SchedulerConfig.role``): a prefill
+worker runs each request to its first token and holds its blocks for the transfer; a decode worker takes
+requests whose KV lands in blocks it reserved. What that adds is in ``kv_transfer``; the hooks here are
+the hold at a finish and the seats reserved requests take.
+
 This is the only copy of these policies: the real engine and the simulator both run this class.
 Standard library only.
 """
@@ -23,8 +28,9 @@ import heapq
 from collections import deque
 from collections.abc import Collection, Iterator
 
-from simulator.core.config import Batching, KVPolicy, Preemption, QueuePolicy, SchedulerConfig
+from simulator.core.config import Batching, KVPolicy, Preemption, QueuePolicy, Role, SchedulerConfig
 from simulator.core.kv_manager import KVManager, KVStats
+from simulator.core.kv_transfer import KVReceiver, KVSender
 from simulator.core.request import Request, RequestSpec, RequestStatus
 from simulator.core.step import StepPlan, SwapOp
 
@@ -93,6 +99,12 @@ class Scheduler:
         self.num_host_blocks_used = 0
         self.num_preemptions = 0
         self._steps_since_prefill = 0
+        self.sender: KVSender | None = KVSender(self.kv) if config.role is Role.PREFILL else None
+        """Prefill worker: requests finished at their first token whose blocks the transfer still reads."""
+        self.receiver: KVReceiver | None = KVReceiver(self) if config.role is Role.DECODE else None
+        """Decode worker: requests offered by the fleet, waiting for blocks or for their KV to land."""
+        self.num_receiving = 0
+        """Reserved requests whose KV has not landed: they hold sequence slots (``_admit``)."""
 
     # ----- queue -----------------------------------------------------------------------------------
 
@@ -100,14 +112,21 @@ class Scheduler:
         """Queue a request. One that could never be served (longer than max_model_len, or needing more
         KV than the whole pool) comes back REJECTED and is not queued."""
         request = Request(spec)
-        cfg = self.config
-        blocks_needed = -(-max(request.max_total_tokens, self._reserve_tokens(request)) // self.block_size)
-        if request.max_total_tokens > cfg.max_model_len or blocks_needed > cfg.num_blocks:
+        if self.sender is not None:
+            request.max_output_tokens = 1  # a prefill worker's request ends at its first token
+        if not self.can_serve(request):
             request.status = RequestStatus.REJECTED
             return request
         self.requests[request.request_id] = request
         self.waiting.push(request)
         return request
+
+    def can_serve(self, request: Request) -> bool:
+        """Whether this replica could ever serve the request: no longer than max_model_len, and needing
+        no more KV than the whole pool."""
+        cfg = self.config
+        blocks_needed = -(-max(request.max_total_tokens, self._reserve_tokens(request)) // self.block_size)
+        return request.max_total_tokens <= cfg.max_model_len and blocks_needed <= cfg.num_blocks
 
     def abort(self, request_id: int) -> None:
         """Drop a request wherever it is, releasing its KV."""
@@ -120,6 +139,8 @@ class Scheduler:
         elif request.status is RequestStatus.SWAPPED:
             self.swapped.remove(request)
             self.num_host_blocks_used -= self._cdiv(request.num_swapped_tokens)
+        elif request.status is RequestStatus.WAITING_FOR_KV and self.receiver is not None:
+            self.receiver.abort(request)
         else:
             self.waiting.remove(request)
         request.status = RequestStatus.FINISHED
@@ -245,7 +266,10 @@ class Scheduler:
 
     def _finish(self, request: Request) -> None:
         request.status = RequestStatus.FINISHED
-        self.kv.free(request)
+        if self.sender is None:
+            self.kv.free(request)
+        else:
+            self.sender.hold(request)  # a prefill worker: the decode worker reads the blocks first
         del self.requests[request.request_id]
 
     def retire_finished(self, requests: list[Request]) -> list[Request]:
@@ -472,7 +496,7 @@ class Scheduler:
         """Admit swapped-out then waiting requests in queue order while budget, max_num_seqs and KV
         allow; stop at the first that does not fit (head-of-line blocking, no skipping ahead)."""
         cfg = self.config
-        while budget > 0 and len(self.running) < cfg.max_num_seqs:
+        while budget > 0 and len(self.running) + self.num_receiving < cfg.max_num_seqs:
             if self.swapped:
                 if not self._swap_in(plan, budget):
                     return

@@ -21,12 +21,17 @@ from simulator.results.request_log import RequestLog
 RouteFn = Callable[[RequestSpec, float], int]
 """route(spec, now) -> index of the replica that receives it."""
 
+DispatchFn = Callable[[RequestSpec, float], None]
+"""dispatch(spec, now): route, log and submit the request itself (a pool whose replicas come and go)."""
+
 ProgressFn = Callable[[int], None]
 """progress(requests arrived so far), every ``report_every`` requests."""
 
 
 class ArrivalFeed:
-    """Replays ``specs`` (in arrival order) onto ``env``: at each arrival, log it, route it, submit it."""
+    """Replays ``specs`` (in arrival order) onto ``env``: at each arrival, log it, route it, submit it; or,
+    given ``dispatch``, hand it over (a pool routes, logs and submits it, or holds it while no replica
+    can take it)."""
 
     def __init__(
         self,
@@ -36,11 +41,12 @@ class ArrivalFeed:
         replicas: Sequence[Replica],
         *,
         route: RouteFn | None = None,
+        dispatch: DispatchFn | None = None,
         progress: ProgressFn | None = None,
         report_every: int = 1,
         log_arrivals: bool = True,
     ) -> None:
-        if route is None and len(replicas) != 1:
+        if route is None and dispatch is None and len(replicas) != 1:
             raise ValueError("an arrival feed without a router needs exactly one replica")
         if report_every < 1:
             raise ValueError(f"report_every must be >= 1, got {report_every}")
@@ -49,6 +55,7 @@ class ArrivalFeed:
         self.log = log
         self.replicas = list(replicas)
         self.route = route
+        self.dispatch = dispatch
         self.progress = progress
         self.report_every = report_every
         self.log_arrivals = log_arrivals
@@ -72,6 +79,7 @@ class ArrivalFeed:
         now = self.clock.now()
         log = self.log
         route = self.route
+        dispatch = self.dispatch
         replicas = self.replicas
         progress = self.progress
         log_arrivals = self.log_arrivals
@@ -80,9 +88,12 @@ class ArrivalFeed:
             rid = spec.request_id
             if log_arrivals:
                 log.on_arrival(rid, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, spec.session_id)
-            index = 0 if route is None else route(spec, now)
-            log.on_routed(rid, index)
-            replicas[index].submit(spec)
+            if dispatch is not None:
+                dispatch(spec, now)
+            else:
+                index = 0 if route is None else route(spec, now)
+                log.on_routed(rid, index)
+                replicas[index].submit(spec)
             self.num_arrived += 1
             if progress is not None and self.num_arrived % self.report_every == 0:
                 progress(self.num_arrived)

@@ -17,7 +17,7 @@ import simpy
 
 from simulator.core.config import SchedulerConfig
 from simulator.cost.cost_model import CostModel
-from simulator.fleet.arrival_feed import ArrivalFeed
+from simulator.fleet.arrival_feed import ArrivalFeed, DispatchFn, RouteFn
 from simulator.fleet.clock import run_until
 from simulator.fleet.replica import Replica
 from simulator.fleet.router import RouterConfig, RouterState, make_router
@@ -65,8 +65,10 @@ class FleetRun:
 
 
 def run_fleet(setup: FleetSetup, workload: Workload, *, name: str = "base",
-              progress: ProgressFn | None = None, inspect: InspectFn | None = None) -> FleetRun:
-    """Build the replicas and the router, replay the workload until the horizon (or the last finish)."""
+              progress: ProgressFn | None = None, inspect: InspectFn | None = None,
+              prepare: InspectFn | None = None) -> FleetRun:
+    """Build the replicas and the router, replay the workload until the horizon (or the last finish);
+    ``prepare`` sees the replicas before the clock starts (to attach recorders, ``Replica.on_plan``)."""
     env = simpy.Environment()
     num_requests = len(workload)
     log = RequestLog(num_requests)
@@ -76,13 +78,26 @@ def run_fleet(setup: FleetSetup, workload: Workload, *, name: str = "base",
                 network_latency_s=setup.network_latency_s, fast_path=setup.fast_path, loads=loads)
         for i in range(setup.num_replicas)
     ]
-    for replica in replicas:
-        replica.series.kv_probe = _kv_probe(replica)
     router = make_router(setup.router, len(replicas), setup.seed)
     state = RouterState(replicas, setup.router.refresh_s, loads=loads)
-
     # Block hashes only matter to a prefix cache (the prefix-aware router reads them through one too).
-    specs = workload.iter_specs(block_hashes=setup.scheduler.prefix_caching)
+    return replay(env, log, replicas, workload, route=state.route_fn(router),
+                  block_hashes=setup.scheduler.prefix_caching, horizon_s=setup.horizon_s, name=name,
+                  progress=progress, inspect=inspect, prepare=prepare)
+
+
+def replay(env: simpy.Environment, log: RequestLog, replicas: list[Replica], workload: Workload, *,
+           route: RouteFn | None = None, dispatch: DispatchFn | None = None, block_hashes: bool,
+           horizon_s: float | None, name: str, progress: ProgressFn | None, inspect: InspectFn | None,
+           prepare: InspectFn | None = None) -> FleetRun:
+    """Feed the workload to built replicas (``route`` picks one per request, or ``dispatch`` takes each
+    request) until the horizon (or the last finish); ``block_hashes``: the specs carry their hashes."""
+    num_requests = len(workload)
+    for replica in replicas:
+        replica.series.kv_probe = _kv_probe(replica)
+    if prepare is not None:
+        prepare(name, replicas)
+    specs = workload.iter_specs(block_hashes=block_hashes)
 
     def report(arrived: int) -> None:
         if progress is not None:
@@ -90,15 +105,15 @@ def run_fleet(setup: FleetSetup, workload: Workload, *, name: str = "base",
 
     with _cycle_collector_paused():
         # The specs are the workload's rows in order: their arrivals are logged in bulk once the clock stops.
-        feed = ArrivalFeed(env, specs, log, replicas, route=state.route_fn(router),
+        feed = ArrivalFeed(env, specs, log, replicas, route=route, dispatch=dispatch,
                            progress=None if progress is None else report, report_every=max(1, num_requests // 100),
                            log_arrivals=False)  # builds the first specs
-        run_until(env, setup.horizon_s)
+        run_until(env, horizon_s)
     if not feed.log_arrivals:
         arrived = feed.num_arrived
         log.record_arrivals(workload.arrival_s[:arrived], workload.prompt_tokens[:arrived],
                             workload.output_tokens[:arrived], workload.session_id[:arrived])
-    end_s = env.now if setup.horizon_s is None else setup.horizon_s
+    end_s = env.now if horizon_s is None else horizon_s
     end_s = max(end_s, 1e-9)
     for replica in replicas:
         replica.sync()  # a decode run cut by the horizon: its steps so far count

@@ -6,6 +6,12 @@ the shape's fields, ``time_of(*shape_fields(plan))``, without building it) and c
 fires. One SimPy event per engine step (or per decode run on the fast path), never per token; an idle
 replica schedules nothing until work arrives.
 
+In a disaggregated fleet a replica is a prefill or a decode worker (its scheduler's role): a prefill
+worker hands the requests that reached their first token to the fleet (``on_prefilled``) instead of
+logging them, and frees their blocks when the transfer has read them (``release``); a decode worker takes
+offers (``offer``, reserving blocks through the core), retries them after every step (``on_step_ended``),
+and takes a request into its batch when its KV lands (``receive``). Every decision stays the core's.
+
 The replica is driven by callbacks rather than a SimPy process: each of its events (``Wake``) calls one
 of its methods directly when SimPy's ``Environment.step`` pops it. That is exactly what a process does on
 a yield (SimPy resumes it from the event's callback), without a generator, a ``Timeout`` object and the
@@ -20,6 +26,7 @@ import simpy
 
 from simulator.core.config import Batching, SchedulerConfig
 from simulator.core.decode_run import DecodeRun
+from simulator.core.kv_transfer import KVReceiver, KVSender, Reservation
 from simulator.core.request import Request, RequestSpec, RequestStatus
 from simulator.core.scheduler import Scheduler
 from simulator.core.step import StepPlan, shape_fields
@@ -66,6 +73,15 @@ class Replica:
         (the least-loaded scan then reads one list instead of every replica)."""
         self.num_fast_steps = 0
         """Steps advanced inside decode runs (the rest went one event per step)."""
+        self.speed = 1.0
+        """This replica's speed relative to the fleet's fastest (1.0): what speed-weighted routers divide
+        its load by."""
+        self.on_prefilled: Callable[[Replica, list[Request], float], None] | None = None
+        """A prefill worker's fleet: given the requests that produced their first token (their KV now moves
+        to a decode worker) and the step's end, in place of logging them."""
+        self.on_step_ended: Callable[[Replica], None] | None = None
+        """A decode worker's fleet: called after every step or decode run (blocks or slots may have freed,
+        so offers waiting for a reservation can be retried)."""
         self._cut_possible = config.batching is not Batching.STATIC
         self._max_num_seqs = config.max_num_seqs
         self._idle = True
@@ -138,6 +154,69 @@ class Replica:
         active = self._run_state
         if active is not None and active.cut_on_arrival and not active.cut:
             active.cut_at(self.clock.now())  # the scheduler would try to admit it at the next step boundary
+
+    # ----- disaggregation ----------------------------------------------------------------------------
+
+    def offer(self, spec: RequestSpec) -> list[Reservation]:
+        """Decode worker: a request whose prompt a prefill worker will compute. Returns the reservations
+        this makes now (its own, or none if it must wait for blocks: it is then retried in order)."""
+        self.sync()
+        self._receiver().offer(spec)
+        self._publish_load()
+        return self._reserve()
+
+    def reserve_offered(self) -> list[Reservation]:
+        """Decode worker: retry the offers still waiting for blocks, in order (after a step)."""
+        if not self._receiver().pending:
+            return []
+        self.sync()
+        return self._reserve()
+
+    def _reserve(self) -> list[Reservation]:
+        reservations = self._receiver().reserve()
+        if reservations:
+            active = self._run_state
+            if active is not None and not active.cut:
+                active.cut_at(self.clock.now())  # the blocks taken were free for the run's steps
+        return reservations
+
+    def receive(self, request_id: int, num_cached_tokens: int, num_preemptions: int) -> Request:
+        """Decode worker: the request's KV has landed; it joins the running batch at the next step."""
+        self.sync()
+        request = self._receiver().complete(request_id, num_cached_tokens=num_cached_tokens,
+                                            num_preemptions=num_preemptions)
+        self._wake_or_cut()
+        return request
+
+    def release(self, request_id: int) -> Request:
+        """Prefill worker: the transfer has read the request's KV; its blocks are freed, which may let a
+        waiting prompt in."""
+        self.sync()
+        sender: KVSender | None = self.scheduler.sender
+        if sender is None:
+            raise RuntimeError(f"replica {self.replica_id} is not a prefill worker")
+        request = sender.release(request_id)
+        if self._idle and self.scheduler.has_work:
+            self._wake_or_cut()
+        return request
+
+    def _receiver(self) -> KVReceiver:
+        receiver: KVReceiver | None = self.scheduler.receiver
+        if receiver is None:
+            raise RuntimeError(f"replica {self.replica_id} is not a decode worker")
+        return receiver
+
+    def _wake_or_cut(self) -> None:
+        """The scheduler has new work now: wake an idle replica after the events due now, or end a decode
+        run at the step in flight."""
+        now = self.clock.now()
+        if self._idle:
+            self._idle = False
+            self._event = self.clock.at(now, self._wake_callbacks, self._event)
+            return
+        active = self._run_state
+        if active is not None and not active.cut:
+            active.cut_at(now)
 
     def _publish_load(self) -> None:
         """Requests were added or finished: keep the fleet's load list equal to ``load``."""
@@ -261,7 +340,11 @@ class Replica:
             self._publish_load()
         now = self.clock.now()
         delivered = now + self.network_latency_s
-        if sampled is None:
+        prefilled = self.on_prefilled
+        if prefilled is not None:  # a prefill worker: what finished moves on to a decode worker
+            if finished:
+                prefilled(self, finished, now)
+        elif sampled is None:
             for request in plan.requests:
                 if request.num_output_tokens == 1 and request.num_computed_tokens == request.num_prompt_tokens:
                     log.on_first_token(request.request_id, delivered)
@@ -278,6 +361,8 @@ class Replica:
         pool = kv.pool
         self.series.maybe_sample(now, len(scheduler.running), scheduler.num_waiting, pool.num_used,
                                  pool.num_blocks, kv.num_hit_tokens, kv.num_lookup_tokens)
+        if self.on_step_ended is not None:
+            self.on_step_ended(self)
         self._next()
 
     def _on_run_end(self, event: object) -> None:
@@ -297,6 +382,8 @@ class Replica:
         self.num_steps += k
         self.num_fast_steps += k
         self.busy_s += end - active.ends.start
+        if self.on_step_ended is not None:
+            self.on_step_ended(self)
         if self._async:
             self._hand_back(active.run)
             return

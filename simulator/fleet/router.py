@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from simulator.fleet.arrival_feed import RouteFn
 
 RouterPolicy = Literal[
-    "round_robin", "random", "least_requests", "least_kv", "power_of_two", "session_affinity", "prefix_aware"
+    "round_robin", "random", "least_requests", "least_kv", "power_of_two", "session_affinity", "prefix_aware",
+    "weighted_least_requests",
 ]
 """Names of the routing policies; the keys of ``ROUTERS``, in the same order."""
 
@@ -74,6 +75,10 @@ class ReplicaView(Protocol):
     @property
     def kv_used_frac(self) -> float:
         """KV blocks in use / total blocks, in [0, 1]."""
+        ...
+    @property
+    def speed(self) -> float:
+        """The replica's speed relative to the fleet's fastest (1.0): its GPU and model shard, not its load."""
         ...
 
     def prefix_match_blocks(self, block_hashes: Sequence[int]) -> int:
@@ -365,6 +370,23 @@ class PrefixAwareRouter:
         return min(range(len(views)), key=lambda i: (-scores[i], load_of(views[i]), views[i].replica_id))
 
 
+class WeightedLeastRequestsRouter:
+    """Fewest requests per unit of speed, counting the one being placed: the smallest (load + 1) / speed,
+    ties by lowest id. On a fleet of one kind of GPU it is least_requests; on a mixed fleet a replica twice
+    as fast takes about twice the requests, as Envoy's weighted least-request balancer and SplitwiseSim's
+    heterogeneous schedulers weigh machines."""
+
+    name: ClassVar[str] = "weighted_least_requests"
+
+    @classmethod
+    def from_config(cls, config: RouterConfig, num_replicas: int, rng: np.random.Generator) -> Router:
+        return cls()
+
+    def choose(self, spec: RequestSpec, views: Sequence[ReplicaView], now_s: float) -> int:
+        _check_nonempty(views)
+        return min(range(len(views)), key=lambda i: ((load_of(views[i]) + 1) / views[i].speed, views[i].replica_id))
+
+
 ROUTERS: dict[str, type[Router]] = {
     cls.name: cls
     for cls in (
@@ -375,6 +397,7 @@ ROUTERS: dict[str, type[Router]] = {
         PowerOfTwoRouter,
         SessionAffinityRouter,
         PrefixAwareRouter,
+        WeightedLeastRequestsRouter,
     )
 }
 """Routing policies by name, in the order of ``RouterPolicy``."""
@@ -403,7 +426,7 @@ class ReplicaSnapshot:
     router sees stale load but an up-to-date prefix cache.
     """
 
-    __slots__ = ("_live", "kv_used_frac", "num_dispatched", "num_running", "num_waiting", "replica_id")
+    __slots__ = ("_live", "kv_used_frac", "num_dispatched", "num_running", "num_waiting", "replica_id", "speed")
 
     def __init__(self, live: ReplicaView) -> None:
         self._live = live
@@ -415,6 +438,7 @@ class ReplicaSnapshot:
         """As at refresh: the router cannot know the blocks its in-flight requests will take."""
         self.num_dispatched = 0
         """Requests this router sent here since the refresh."""
+        self.speed = live.speed
 
     @property
     def load(self) -> int:

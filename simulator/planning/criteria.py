@@ -80,3 +80,19 @@ def parse_search(items: Iterable[str]) -> dict[str, list[Any]]:
             raise ConfigError("the plan searches fleet.replicas itself; use --max-replicas", field="--search")
         out[key.strip()] = values
     return out
+
+
+HARDWARE_ROLES = ("mixed", "prefill", "decode")
+
+
+def parse_hardware(items: Iterable[str]) -> dict[str, list[str]]:
+    """``["prefill=H100,H200", "decode=A100"]`` -> {role: [GPUs]}: what ``plan --layouts`` tries per pool."""
+    out: dict[str, list[str]] = {}
+    for item in items:
+        role, sep, text = item.partition("=")
+        gpus = [g.strip() for g in text.split(",") if g.strip()]
+        if not sep or role.strip() not in HARDWARE_ROLES or not gpus:
+            raise ConfigError(f"expected ROLE=GPU1,GPU2 with ROLE one of {', '.join(HARDWARE_ROLES)}, got {item!r}",
+                              field="--pool-hardware")
+        out[role.strip()] = gpus
+    return out

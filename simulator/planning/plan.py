@@ -97,13 +97,13 @@ def compress(workload: Workload, factor: float) -> Workload:
 
 def _simulate_point(point: _Point) -> Summary:
     """Top-level (spawn-safe): validate the mapping, replay the (compressed) stream, return the Summary."""
-    from simulator.scenario import resolve_replica
+    from simulator.scenario import fleet_block_size
     from simulator.simulation import simulate
     from simulator.workload.generate import generate
 
     loaded = load_mapping(point.raw, seed=point.seed, source=Path(point.source) if point.source else None)
     scenario = loaded.scenario
-    block_size = resolve_replica(scenario).scheduler.block_size
+    block_size = fleet_block_size(scenario)
     key = (scenario.workload.model_dump_json(), scenario.seed, block_size, point.source)
     workload = _WORKLOADS.get(key)
     if workload is None:
@@ -114,7 +114,7 @@ def _simulate_point(point: _Point) -> Summary:
     return simulate(scenario, compress(workload, point.load_factor)).summary
 
 
-class _Evaluator:
+class Evaluator:
     """Runs points on every seed (in parallel when a pool is given), caches them and records trials."""
 
     def __init__(self, base: dict[str, Any], source: str | None, seeds: list[int], crit: list[Criterion],
@@ -182,13 +182,12 @@ def _verdict(answer: ReplicaAnswer, crit: list[Criterion], num_seeds: int) -> tu
     return f"{n} replica(s), clear of the noise across {num_seeds} seeds", False
 
 
-def _stream_rate(loaded: LoadedScenario, load_factor: float) -> float:
-    from simulator.scenario import resolve_replica
+def stream_rate(loaded: LoadedScenario, load_factor: float) -> float:
+    from simulator.scenario import fleet_block_size
     from simulator.workload.generate import generate
 
     sc = loaded.scenario
-    w = generate(sc.workload, seed=sc.seed, block_size=resolve_replica(sc).scheduler.block_size,
-                 base_dir=loaded.base_dir)
+    w = generate(sc.workload, seed=sc.seed, block_size=fleet_block_size(sc), base_dir=loaded.base_dir)
     if len(w) < 2 or w.arrival_s[-1] <= w.arrival_s[0]:
         return math.nan
     return (len(w) - 1) / float(w.arrival_s[-1] - w.arrival_s[0]) * load_factor
@@ -216,12 +215,12 @@ def plan(
     the values to try; ``workers`` processes run the seeds of a point in parallel (default: one per seed,
     at most the CPU count; 1 runs everything in this process).
     """
-    loaded = _loaded(scenario, tuple(overrides))
+    loaded = loaded_scenario(scenario, tuple(overrides))
     if not load_factor > 0:
         raise ConfigError(f"load_factor must be > 0, got {load_factor}", field="load_factor")
     if max_replicas < 1:
         raise ConfigError(f"max_replicas must be >= 1, got {max_replicas}", field="max_replicas")
-    loaded, raw = _planned_scenario(loaded, slo=slo, variant=variant)
+    loaded, raw = planned_scenario(loaded, slo=slo, variant=variant)
     the_slo = loaded.scenario.slo
     assert the_slo is not None
     seed_list = list(range(loaded.scenario.seed, loaded.scenario.seed + seeds)) if isinstance(seeds, int) else list(
@@ -235,7 +234,7 @@ def plan(
     pool = (ProcessPoolExecutor(max_workers=num_workers, mp_context=multiprocessing.get_context("spawn"))
             if num_workers > 1 else None)
     try:
-        ev = _Evaluator(raw, str(loaded.source) if loaded.source else None, seed_list, crit, pool, log)
+        ev = Evaluator(raw, str(loaded.source) if loaded.source else None, seed_list, crit, pool, log)
         candidates = [
             ev.search(combo, load_factor=load_factor, cost_factor=base_cost, max_replicas=max_replicas, start=1,
                       purpose="replicas")
@@ -250,9 +249,9 @@ def plan(
                               max_replicas=max_replicas, start=start, purpose="sensitivity")
             for factor in sensitivity
         }
-        stream_rate = _stream_rate(loaded, load_factor)
+        rate = stream_rate(loaded, load_factor)
         knee_result = _knee(ev, best, load_factor=load_factor, cost_factor=base_cost, start=start,
-                            stream_rate_rps=stream_rate) if knee else None
+                            stream_rate_rps=rate) if knee else None
     finally:
         if pool is not None:
             pool.shutdown()
@@ -260,7 +259,7 @@ def plan(
         scenario_name=loaded.scenario.name,
         slo=the_slo,
         load_factor=load_factor,
-        stream_rate_rps=stream_rate,
+        stream_rate_rps=rate,
         seeds=seed_list,
         max_replicas=max_replicas,
         answer=best,
@@ -273,7 +272,8 @@ def plan(
     )
 
 
-def _loaded(scenario: str | Path | LoadedScenario | Mapping[str, Any], overrides: tuple[str, ...]) -> LoadedScenario:
+def loaded_scenario(scenario: str | Path | LoadedScenario | Mapping[str, Any],
+                    overrides: tuple[str, ...]) -> LoadedScenario:
     if isinstance(scenario, LoadedScenario):
         return scenario if not overrides else load_mapping(scenario.raw, overrides, source=scenario.source)
     if isinstance(scenario, Mapping):
@@ -281,7 +281,7 @@ def _loaded(scenario: str | Path | LoadedScenario | Mapping[str, Any], overrides
     return load_scenario(scenario, overrides)
 
 
-def _planned_scenario(loaded: LoadedScenario, *, slo: SLO | str | Mapping[str, Any] | None, variant: str | None
+def planned_scenario(loaded: LoadedScenario, *, slo: SLO | str | Mapping[str, Any] | None, variant: str | None
                       ) -> tuple[LoadedScenario, dict[str, Any]]:
     """The scenario the plan searches (the chosen variant merged in, the given SLO fields merged over the
     scenario's), validated, and its raw mapping without variants."""
@@ -310,7 +310,7 @@ def _knob_combos(raw: dict[str, Any], search: Mapping[str, Sequence[Any]], sourc
     return combos
 
 
-def _knee(ev: _Evaluator, best: ReplicaAnswer, *, load_factor: float, cost_factor: float, start: int,
+def _knee(ev: Evaluator, best: ReplicaAnswer, *, load_factor: float, cost_factor: float, start: int,
           stream_rate_rps: float) -> KneeResult:
     """The highest arrival rate one replica of the best setting sustains with the SLO holding."""
     def one_replica_passes(f: float) -> bool:

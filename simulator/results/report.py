@@ -370,12 +370,50 @@ def _summary_table(result: RunResult) -> str:
     for attr, label, kind in SUMMARY_ROWS:
         cells = "".join(f"<td>{format_value(getattr(result.variants[n].summary, attr), kind)}</td>" for n in names)
         rows.append(f"<tr><th>{html.escape(label)}</th>{cells}</tr>")
+        if attr == "num_gpus":
+            cells = "".join(f"<td>{format_value(goodput_per_gpu(result.variants[n].summary), 'num')}</td>"
+                            for n in names)
+            rows.append(f"<tr><th>goodput per GPU (req/s)</th>{cells}</tr>")
     profiles = "".join(
         f"<td>{html.escape(v.profile.name)} ({html.escape(v.profile.kind)})</td>" for v in result.variants.values()
     )
     rows.append(f"<tr><th>profile</th>{profiles}</tr>")
     body = "".join(rows)
     return f'<table class="summary"><thead><tr><th></th>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def goodput_per_gpu(summary: Summary) -> float:
+    """Requests per second meeting the SLO, per GPU: how DistServe compares placements."""
+    return summary.goodput_rps / summary.num_gpus if summary.num_gpus else math.nan
+
+
+def _pools_table(result: RunResult) -> str:
+    """Each pooled variant's pools (GPUs, busy share, KV use) and hand-offs; empty when none has pools."""
+    rows = []
+    for name, variant in result.variants.items():
+        fleet = variant.fleet
+        if fleet is None:
+            continue
+        for pool in fleet.pools:
+            rows.append(
+                f"<tr><th>{html.escape(name)}</th><td>{html.escape(pool.name)}</td><td>{html.escape(pool.role)}</td>"
+                f"<td>{pool.replicas} × {html.escape(pool.hardware)} tp {pool.tp}</td>"
+                f"<td>{format_value(pool.busy_frac, 'pct')}</td><td>{format_value(pool.kv_util_mean, 'pct')}</td>"
+                f"<td>{format_value(pool.usd_per_gpu_hour * pool.num_gpus, 'usd')}</td></tr>")
+        handoffs = fleet.handoffs
+        if handoffs is not None:
+            rows.append(
+                f'<tr><th></th><td colspan="6" class="note">hand-offs: {handoffs.num_landed:,} transferred '
+                f"({handoffs.sent_gb:.3g} GB), transfer after the first token p50 "
+                f"{format_value(handoffs.transfer_p50_ms, 'num')} ms, p99 "
+                f"{format_value(handoffs.transfer_p99_ms, 'num')} ms; {handoffs.num_waited:,} waited for decode "
+                "memory (mean "
+                f"{format_value(handoffs.reserve_wait_mean_ms, 'num')} ms)</td></tr>")
+    if not rows:
+        return ""
+    head = ("<tr><th>variant</th><th>pool</th><th>role</th><th>replicas</th><th>busy</th><th>KV use</th>"
+            "<th>$ / h</th></tr>")
+    return f'<h2>Pools</h2><table class="summary"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
 
 
 _CSS = """
@@ -469,7 +507,7 @@ def render_report(result: RunResult) -> str:
         f"<title>fleetsim — {title}</title><style>{_CSS}</style></head><body>"
         f'<h1>{title}</h1><p class="meta">fleetsim report · profile {profiles} · '
         f"{len(result.variants)} variant(s)</p>{banner}"
-        f"<h2>Summary</h2>{_summary_table(result)}"
+        f"<h2>Summary</h2>{_summary_table(result)}{_pools_table(result)}"
         '<p class="note">Latency percentiles are over completed requests; SLO attainment counts rejected '
         "and unfinished requests as failures against all arrivals.</p>"
         f'<h2>Latency and load</h2><div class="grid">{"".join(divs)}</div>'

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import BaseModel
 
+from simulator.results.pools import FleetFigures
 from simulator.results.request_log import RequestLog
 from simulator.results.series import SERIES_COLUMNS, ReplicaSeries
 from simulator.results.summary import Summary
@@ -47,6 +48,8 @@ class VariantResult:
     summary: Summary
     profile: ProfileInfo
     """Variants may override hardware or model, so each carries its own profile."""
+    fleet: FleetFigures | None = None
+    """A fleet declared as pools (``fleet.pools``): each pool's figures, goodput per GPU, hand-offs."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,6 +143,8 @@ class RunResult:
             "profiles": {name: v.profile.to_dict() for name, v in self.variants.items()},
             "variants": {name: v.summary.to_dict() for name, v in self.variants.items()},
         }
+        if any(v.fleet is not None for v in self.variants.values()):
+            doc["fleet"] = {name: v.fleet.to_dict() for name, v in self.variants.items() if v.fleet is not None}
         return json.dumps(doc, sort_keys=True, indent=2, allow_nan=False) + "\n"
 
 

@@ -243,13 +243,13 @@ def test_cli_plan_bad_input_is_one_line(plugin: None, tmp_path: Path, capsys: py
 
 def test_a_given_slo_merges_with_the_scenarios() -> None:
     """--slo ttft_ms=500 replaces the TTFT limit and keeps the scenario's TPOT limit and target."""
-    from simulator.planning.plan import _loaded, _planned_scenario
+    from simulator.planning.plan import loaded_scenario, planned_scenario
 
-    loaded, _ = _planned_scenario(_loaded(SMALL, ()), slo="ttft_ms=500", variant=None)
+    loaded, _ = planned_scenario(loaded_scenario(SMALL, ()), slo="ttft_ms=500", variant=None)
     assert loaded.scenario.slo is not None
     assert (loaded.scenario.slo.ttft_ms, loaded.scenario.slo.tpot_ms, loaded.scenario.slo.target_attainment) == (
         500, 30, 0.9)
-    loaded, _ = _planned_scenario(_loaded(SMALL, ()), slo="target=0.5", variant=None)
+    loaded, _ = planned_scenario(loaded_scenario(SMALL, ()), slo="target=0.5", variant=None)
     assert loaded.scenario.slo is not None and loaded.scenario.slo.ttft_ms == 300
     assert loaded.scenario.slo.target_attainment == 0.5
 

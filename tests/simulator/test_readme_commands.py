@@ -67,6 +67,7 @@ CASES: dict[str, Case] = {
     "routing": run_case("fleetsim run scenarios/routing.yaml", "routing", "out/report.html"),
     "presets": run_case("fleetsim run scenarios/presets.yaml", "presets", "out/report.html"),
     "moe": run_case("fleetsim run scenarios/moe.yaml", "moe", "out/report.html"),
+    "disaggregation": run_case("fleetsim run scenarios/disaggregation.yaml", "disaggregation", "out/report.html"),
     "azure_conv": run_case("fleetsim run scenarios/azure_conv.yaml", "azure_conv", "out/report.html",
                            needs="traces"),
     "mooncake": run_case("mooncake.yaml", "mooncake", "out/report.html", needs="traces"),
@@ -74,6 +75,12 @@ CASES: dict[str, Case] = {
                  ("plan", "{scenarios}/quickstart.yaml", "--slo", "ttft_ms=500,tpot_ms=50", "--set",
                   "workload.num_requests=60", "--max-replicas", "4", "--out", "out", "--quiet"),
                  expect="out/plan.html"),
+    "plan-layouts": Case(
+        "fleetsim plan SCENARIO --layouts aggregated,disaggregated [--pool-hardware decode=A100,H100] "
+        "[--objective cost]",
+        ("plan", "{scenarios}/quickstart.yaml", "--layouts", "aggregated,disaggregated", "--slo",
+         "ttft_ms=500,tpot_ms=50", "--set", "workload.num_requests=60", "--max-gpus", "4", "--out", "out",
+         "--quiet"), expect="out/layouts.json"),
     "sweep": Case("fleetsim sweep scenarios/grids/quickstart_grid.yaml [--executor ray]",
                   ("sweep", "grid.yaml", "--workers", "2", "--out", "out", "--quiet"), expect="out/sweep.csv"),
     "sweep-ray": Case("fleetsim sweep scenarios/grids/quickstart_grid.yaml [--executor ray]",

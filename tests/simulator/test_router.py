@@ -42,6 +42,7 @@ class FakeReplica:
     num_waiting: int = 0
     kv_used_frac: float = 0.0
     cached: set[int] = field(default_factory=set)
+    speed: float = 1.0
 
     @property
     def load(self) -> int:

@@ -20,7 +20,7 @@ import pytest
 
 from simulator.results.run_result import RunResult
 from simulator.results.summary import Summary
-from simulator.scenario import load_scenario
+from simulator.scenario import load_mapping, load_scenario
 from simulator.simulation import run
 from simulator.workload.traces import TRACES_TOKEN, traces_dir
 
@@ -39,6 +39,7 @@ SMALL: dict[str, list[str]] = {
     "presets": ["workload.num_requests=100"],
     "serve_cpu": ["workload.num_requests=100"],
     "moe": ["workload.num_requests=100"],
+    "disaggregation": ["workload.num_requests=100"],
 }
 """Each shipped scenario cut to a size that runs in about a second: the golden runs."""
 
@@ -193,3 +194,65 @@ def test_skew_and_expert_parallelism_move_tpot_the_stated_way(moe: dict[str, Sum
     # On one node EP gains no bytes (the busiest GPU's experts) and pays dispatch and combine: no faster than TP.
     assert moe["qwen3-moe-tp2-ep2-x2"].tpot_p50_ms >= moe["qwen3-moe-tp2-x2"].tpot_p50_ms
 
+
+
+DISAGGREGATION = ["summarise_aggregated_2", "summarise_1p1d", "chat_aggregated_2", "chat_1p1d"]
+"""The layouts on two GPUs, at full size: the chat case needs its 2,000 requests for the decode worker's
+batch to reach its limit."""
+
+
+def scenario_variants(name: str, keep: list[str], overrides: list[str]) -> Any:
+    loaded = load_scenario(scenario_path(name), overrides)
+    raw = {**loaded.raw, "variants": {k: loaded.scenario.variants[k] for k in keep}}
+    return load_mapping(raw, source=loaded.source)
+
+
+@pytest.fixture(scope="module")
+def disaggregation() -> dict[str, Summary]:
+    return summaries(run(scenario_variants("disaggregation", DISAGGREGATION, [])))
+
+
+def goodput_per_gpu(summary: Summary) -> float:
+    return summary.goodput_rps / summary.num_gpus
+
+
+def test_disaggregation_pays_with_long_prompts_and_a_tight_tpot_slo(disaggregation: dict[str, Summary]) -> None:
+    aggregated, split = disaggregation["summarise_aggregated_2"], disaggregation["summarise_1p1d"]
+    assert split.slo_met and not aggregated.slo_met
+    assert goodput_per_gpu(split) > 2 * goodput_per_gpu(aggregated)
+    assert split.tpot_p99_ms < aggregated.tpot_p50_ms  # no prompt ever stalls a decode step
+    assert split.requests_completed == aggregated.requests_completed
+
+
+def test_disaggregation_does_not_pay_with_short_prompts_and_a_loose_slo(disaggregation: dict[str, Summary]) -> None:
+    aggregated, split = disaggregation["chat_aggregated_2"], disaggregation["chat_1p1d"]
+    assert aggregated.slo_met and not split.slo_met
+    assert goodput_per_gpu(aggregated) > 1.5 * goodput_per_gpu(split)
+    assert split.requests_completed == aggregated.requests_completed  # nothing lost while it queued
+
+
+def test_the_step_traces_say_why() -> None:
+    """Aggregated, a few decode tokens ride in steps that carry a long prompt, and those steps are ten
+    times a decode step: the mean step a decode token waits for breaks the 12 ms TPOT SLO. The decode
+    worker of 1P1D never carries a prompt."""
+    from simulator.fleet.replica import Replica
+    from simulator.results.step_trace import StepTrace
+
+    traces: dict[str, StepTrace] = {}
+    decode_ids: dict[str, list[int]] = {}
+
+    def prepare(name: str, replicas: list[Replica]) -> None:
+        traces[name] = StepTrace()
+        decode_ids[name] = [r.replica_id for r in replicas if str(r.scheduler.config.role) != "prefill"]
+        for replica in replicas:
+            replica.on_plan = traces[name].recorder(replica.replica_id, replica.cost_model.step_time)
+
+    loaded = scenario_variants("disaggregation", ["summarise_aggregated_2", "summarise_1p1d"],
+                               ["workload.num_requests=300", "simulation.fast_path=false"])
+    run(loaded, prepare=prepare)
+    aggregated = traces["summarise_aggregated_2"].figures(decode_ids["summarise_aggregated_2"])
+    split = traces["summarise_1p1d"].figures(decode_ids["summarise_1p1d"])
+    assert 0.01 < aggregated.decode_tokens_with_prefill < 0.2
+    assert aggregated.prefill_step_ms > 5 * aggregated.decode_only_step_ms
+    assert aggregated.decode_step_ms > 12 > split.decode_step_ms
+    assert split.decode_tokens_with_prefill == 0.0
