@@ -7,9 +7,12 @@ the seed, the arrivals and the lengths; only what a variant overrides differs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from simulator.core.config import Role
+from simulator.core.request import RequestStatus
 from simulator.cost.cost_model import CostModel
 from simulator.cost.profile import get_accelerator
 from simulator.cost.speed import relative_speeds
@@ -122,18 +125,57 @@ def _settle_cut_runs(fleet: FleetRun) -> None:
             active.run.set_counters(active.ends.ended_before(fleet.end_s))
 
 
-def replica_end(replica: Replica) -> ReplicaEnd:
-    """A replica's state when the clock stopped, as the run check reads it."""
+def handoff_counts(replicas: list[Replica]) -> dict[int, int]:
+    """Each request a decode worker holds for a KV handoff (offered and waiting for blocks, or reserved with
+    its KV on the way) -> the output tokens produced for it so far: the prefill worker's count (1 once its
+    prefill has finished), 0 while its prefill has not started. Such a request is the decode worker's (the
+    one it was routed to); the prefill worker's copy of it is not counted again."""
+    counts = {rid: 0 for replica in replicas if replica.scheduler.receiver is not None
+              for rid, request in replica.scheduler.requests.items()
+              if request.status is RequestStatus.WAITING_FOR_KV}
+    if counts:
+        for replica in replicas:
+            sender = replica.scheduler.sender
+            if sender is None:
+                continue
+            for held in (replica.scheduler.requests, sender.held):
+                for rid, request in held.items():
+                    if rid in counts:
+                        counts[rid] = request.num_output_tokens
+    return counts
+
+
+def _live(replica: Replica, handoff: Mapping[int, int]) -> dict[int, tuple[int, int]]:
+    """Request id -> (output tokens produced, asked for) of each request the replica holds and answers for."""
+    scheduler = replica.scheduler
+    prefill_worker = scheduler.sender is not None
+    live = {}
+    for rid, request in scheduler.requests.items():
+        if rid in handoff:
+            if prefill_worker:
+                continue  # its decode worker holds it too and answers for it
+            live[rid] = (handoff[rid], request.max_output_tokens)
+        else:
+            live[rid] = (request.num_output_tokens, request.max_output_tokens)
+    return live
+
+
+def replica_end(replica: Replica, handoff: Mapping[int, int] | None = None) -> ReplicaEnd:
+    """A replica's state when the clock stopped, as the run check reads it (``handoff``: ``handoff_counts``
+    of the whole fleet, for a disaggregated one)."""
     scheduler = replica.scheduler
     pool = scheduler.kv.pool
     table_refs = [0] * pool.num_blocks
-    for request in scheduler.requests.values():
+    holders = list(scheduler.requests.values())
+    if scheduler.sender is not None:  # finished prefills whose blocks wait for the transfer to read them
+        holders += scheduler.sender.held.values()
+    for request in holders:
         for block in request.block_table:
             table_refs[block] += 1
     block_size = scheduler.block_size
     return ReplicaEnd(
         replica=replica.replica_id,
-        live={rid: (r.num_output_tokens, r.max_output_tokens) for rid, r in scheduler.requests.items()},
+        live=_live(replica, handoff or {}),
         ref_counts=list(pool.ref_cnt), table_refs=table_refs, num_blocks=pool.num_blocks,
         num_used_blocks=pool.num_used, host_blocks_used=scheduler.num_host_blocks_used,
         host_blocks_expected=sum(-(-r.num_swapped_tokens // block_size) for r in scheduler.swapped),
@@ -148,10 +190,11 @@ def _finish_run(scenario: Scenario, workload: Workload, fleet: FleetRun, *, name
                           f"({scenario.simulation.warmup_s:.4g} s): no request is measured; shorten the warm-up",
                           field="simulation.warmup_s")
     _settle_cut_runs(fleet)
-    fleet.log.record_produced({rid: request.num_output_tokens for replica in fleet.replicas
-                               for rid, request in replica.scheduler.requests.items()})
+    handoff = handoff_counts(fleet.replicas)
+    fleet.log.record_produced({rid: produced for replica in fleet.replicas
+                               for rid, (produced, _) in _live(replica, handoff).items()})
     if check_requested(check):
-        check_run(fleet.log, [replica_end(replica) for replica in fleet.replicas], variant=name,
+        check_run(fleet.log, [replica_end(replica, handoff) for replica in fleet.replicas], variant=name,
                   num_requests=len(workload), horizon=scenario.simulation.horizon_s is not None)
 
 

@@ -29,6 +29,8 @@ def add_workload_arguments(p: argparse.ArgumentParser, *, scenario_required: boo
                         "fleetsim serve)")
     p.add_argument("--no-ignore-eos", action="store_true", help="let the server stop at EOS")
     p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
+    p.add_argument("--sample-interval", type=float, default=1.0,
+                   help="seconds between samples of the server's /metrics (1)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -38,9 +40,12 @@ def bench_options(args: argparse.Namespace) -> Any:
 
     if args.num_requests is not None and args.num_requests < 1:
         raise ConfigError("--num-requests must be >= 1", field="num_requests")
+    if not (math.isfinite(args.sample_interval) and args.sample_interval > 0):
+        raise ConfigError("--sample-interval must be a number of seconds > 0", field="sample_interval")
     return BenchOptions(endpoint=args.endpoint, model=args.model, api=Api(args.api),
                         max_concurrency=args.max_concurrency, max_duration_s=args.max_duration,
-                        ignore_eos=not args.no_ignore_eos, progress=not args.quiet)
+                        ignore_eos=not args.no_ignore_eos, sample_interval_s=args.sample_interval,
+                        progress=not args.quiet)
 
 
 def load_bench_workload(args: argparse.Namespace, *, scenario: str | None, trace: str | None,

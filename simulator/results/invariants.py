@@ -52,7 +52,8 @@ class ReplicaEnd:
     ref_counts: Sequence[int]
     """The block pool's reference count of each block id (ids beyond the list: 0)."""
     table_refs: Sequence[int]
-    """How many live requests' block tables hold each block id (same indexing)."""
+    """How many block tables hold each block id (same indexing): the live requests', and on a prefill worker
+    those of finished prefills whose KV the transfer has yet to read."""
     num_blocks: int
     num_used_blocks: int
     """Blocks the pool counts as in use."""
@@ -157,7 +158,7 @@ def _kv_problems(end: ReplicaEnd) -> list[str]:
     referenced = int((refs > 0).sum())
     if end.num_used_blocks != referenced:
         problems.append(f"{where}: {end.num_used_blocks} KV blocks in use, {referenced} referenced")
-    if not end.live and end.num_used_blocks:
+    if not end.live and not any(end.table_refs) and end.num_used_blocks:
         problems.append(f"{where}: {end.num_used_blocks} KV blocks still in use with no request left")
     if end.host_blocks_used != end.host_blocks_expected:
         problems.append(f"{where}: {end.host_blocks_used} host blocks in use, the swapped requests need "

@@ -158,8 +158,8 @@ def test_fleetsim_run_check_passes_and_a_broken_run_exits_1(tmp_path: Path, monk
 
     real = simulation.replica_end
 
-    def broken(replica: Replica) -> Any:
-        end = real(replica)
+    def broken(replica: Replica, handoff: Any = None) -> Any:
+        end = real(replica, handoff)
         return type(end)(**{**{f: getattr(end, f) for f in end.__slots__}, "num_used_blocks": 7})
 
     monkeypatch.setattr(simulation, "replica_end", broken)

@@ -63,7 +63,8 @@ def test_bench_writes_a_run_folder_like_fleetsim_run(endpoint: tuple[str, Path],
     url, log_dir = endpoint
     out = tmp_path / "bench"
     code = main(["bench", "--endpoint", f"{url}/v1", "--scenario", str(ROOT / "scenarios" / "serve_cpu.yaml"),
-                 "--num-requests", "24", "--rate", "30", "--max-concurrency", "16", "--out", str(out), "--quiet"])
+                 "--num-requests", "24", "--rate", "30", "--max-concurrency", "16", "--sample-interval", "0.05",
+                 "--out", str(out), "--quiet"])
     assert code == 0
     assert {"requests.parquet", "series.parquet", "summary.json", "report.html", "bench.json",
             "chunks.parquet"} <= {p.name for p in out.iterdir()}
