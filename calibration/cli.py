@@ -237,6 +237,8 @@ def register(subparsers: Any) -> None:
     live.add_argument("--api", choices=("completions", "chat"), default="completions")
     live.add_argument("--prompt-format", choices=("ids", "text"), default="ids")
     live.add_argument("--no-ignore-eos", action="store_true", help="let the server stop at EOS")
+    live.add_argument("--sample-interval", type=float, default=1.0,
+                      help="seconds between samples of the server's /metrics (1)")
     live.add_argument("--overwrite", action="store_true", help="write into an existing non-empty --out")
     p.set_defaults(func=cmd_validate)
 
