@@ -131,6 +131,7 @@ def _serve(engine: Any, specs: Sequence[RequestSpec], prompts: Sequence[Sequence
         if bar is not None:
             bar.update(len(record.finished_ids))
     run.wall_s = time.perf_counter() - wall0
+    log.record_produced({})  # the engine served every request to its end
     if bar is not None:
         bar.close()
     return run

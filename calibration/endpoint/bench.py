@@ -181,7 +181,8 @@ def request_log(run: BenchRun) -> RequestLog:
         if record.chunk_s:
             log.on_first_token(i, record.chunk_s[0])
         if record.ok:
-            log.on_finish(i, record.chunk_s[-1], 0, 0)
+            log.on_finish(i, record.chunk_s[-1], 0, 0, record.output_tokens)
+    log.record_produced({})  # the server's streams are over: the unfinished ones count no tokens
     return log
 
 

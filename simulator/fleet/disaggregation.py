@@ -194,7 +194,8 @@ class Disaggregation:
             decode = self._decode_of.get(rid)
             if decode is None:  # it needed no decode worker: done
                 prefill.release(rid)
-                self.log.on_finish(rid, delivered, request.num_cached_tokens, request.num_preemptions)
+                self.log.on_finish(rid, delivered, request.num_cached_tokens, request.num_preemptions,
+                                   request.num_output_tokens)
                 continue
             self.handoffs.on_prefilled(rid, now)
             if self.first_token_at_prefill:

@@ -349,14 +349,16 @@ class Replica:
                 if request.num_output_tokens == 1 and request.num_computed_tokens == request.num_prompt_tokens:
                     log.on_first_token(request.request_id, delivered)
                 if request.status is RequestStatus.FINISHED:
-                    log.on_finish(request.request_id, delivered, request.num_cached_tokens, request.num_preemptions)
+                    log.on_finish(request.request_id, delivered, request.num_cached_tokens, request.num_preemptions,
+                                  request.num_output_tokens)
         else:  # async: the plan says which rows sampled (their computed tokens have moved on since)
             rows = plan.requests
             for index in range(len(rows)):
                 if sampled[index] and rows[index].num_output_tokens == 1:
                     log.on_first_token(rows[index].request_id, delivered)
             for request in finished:
-                log.on_finish(request.request_id, delivered, request.num_cached_tokens, request.num_preemptions)
+                log.on_finish(request.request_id, delivered, request.num_cached_tokens, request.num_preemptions,
+                              request.num_output_tokens)
         kv = scheduler.kv
         pool = kv.pool
         self.series.maybe_sample(now, len(scheduler.running), scheduler.num_waiting, pool.num_used,
@@ -378,7 +380,8 @@ class Replica:
             delivered = end + self.network_latency_s
             log = self.log
             for request in finished:
-                log.on_finish(request.request_id, delivered, request.num_cached_tokens, request.num_preemptions)
+                log.on_finish(request.request_id, delivered, request.num_cached_tokens, request.num_preemptions,
+                              request.num_output_tokens)
         self.num_steps += k
         self.num_fast_steps += k
         self.busy_s += end - active.ends.start

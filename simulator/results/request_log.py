@@ -67,7 +67,8 @@ class RequestLog:
     preemptions: np.ndarray
     session_id: np.ndarray
     produced_tokens: np.ndarray
-    """Output tokens produced by the end of the run: set once after it (``record_produced``), 0 before."""
+    """Output tokens produced: a finished request's count as its replica reported it at the finish, the
+    others' set once the clock stopped (``record_produced``); -1 until then."""
     rejected: np.ndarray
     num_finishes: int
     """``on_finish`` calls so far: one per finished request in a correct run (the run check compares). A
@@ -82,6 +83,7 @@ class RequestLog:
     _output: memoryview[int]
     _cached: memoryview[int]
     _preemptions: memoryview[int]
+    _produced: memoryview[int]
     _session: memoryview[int]
     _rejected: memoryview[bool]
 
@@ -98,7 +100,7 @@ class RequestLog:
         for name in _FLOAT_COLUMNS:
             setattr(self, name, np.full(capacity, np.nan))
         for name, dtype in _INT_COLUMNS.items():
-            fill = -1 if name in ("replica", "session_id") else 0
+            fill = -1 if name in ("replica", "session_id", "produced_tokens") else 0
             setattr(self, name, np.full(capacity, fill, dtype=dtype))
         self.rejected = np.zeros(capacity, dtype=bool)
         # The hot-path hooks write through memoryviews of the columns (``ndarray.data``, in the column's own
@@ -114,6 +116,7 @@ class RequestLog:
         self._output = self.output_tokens.data
         self._cached = self.cached_tokens.data
         self._preemptions = self.preemptions.data
+        self._produced = self.produced_tokens.data
         self._session = self.session_id.data
         self._rejected = cast("memoryview[bool]", self.rejected.data)
 
@@ -178,14 +181,17 @@ class RequestLog:
         if math.isnan(self._first_token[rid]):
             self._first_token[rid] = t
 
-    def on_finish(self, rid: int, t: float, cached_tokens: int, preemptions: int) -> None:
-        """Last token delivered at ``t``; ``cached_tokens`` prompt tokens came from the prefix cache.
-        A one-token answer whose first token was not reported separately gets ``t`` as its first token."""
+    def on_finish(self, rid: int, t: float, cached_tokens: int, preemptions: int, produced: int = -1) -> None:
+        """Last token delivered at ``t``; ``cached_tokens`` prompt tokens came from the prefix cache;
+        ``produced``: the output tokens the replica's core counted (-1: not counted, taken as the request's
+        output length). A one-token answer whose first token was not reported separately gets ``t`` as
+        its first token."""
         self._finish[rid] = t
         if math.isnan(self._first_token[rid]):
             self._first_token[rid] = t
         self._cached[rid] = cached_tokens
         self._preemptions[rid] = preemptions
+        self._produced[rid] = produced
         self.num_finishes += 1
 
     def on_rejected(self, rid: int, t: float) -> None:
@@ -195,15 +201,18 @@ class RequestLog:
 
     def record_produced(self, in_flight: Mapping[int, int]) -> None:
         """Set ``produced_tokens`` once the clock stopped: ``in_flight`` maps each request a replica still
-        holds to the output tokens it produced so far (the core's count); a completed request produced
-        what it asked for (the core finishes a request exactly at its output length, and the fleet reports
-        no count at the finish); a rejected one none."""
+        holds to the output tokens it produced so far (the core's count); a completed request keeps the
+        count its replica reported at the finish (one whose finish carried none produced what it asked
+        for); any other, none."""
         n = self._size
         completed = self.outcomes()[RequestOutcome.COMPLETED]
-        self.produced_tokens[:n] = np.where(completed, self.output_tokens[:n], 0)
-        for rid, produced in in_flight.items():
+        produced = self.produced_tokens[:n]
+        unreported = completed & (produced < 0)
+        produced[unreported] = self.output_tokens[:n][unreported]
+        produced[~completed] = 0
+        for rid, count in in_flight.items():
             if 0 <= rid < n:
-                self.produced_tokens[rid] = produced
+                self.produced_tokens[rid] = count
 
     # Export.
 

@@ -100,6 +100,13 @@ def claim_all_tokens(replicas: list[Replica]) -> None:
     request.num_output_tokens = request.max_output_tokens
 
 
+def finish_a_token_short(replicas: list[Replica]) -> None:
+    """As if a replica had finished a request one token early: the count it reported at the finish."""
+    log = replicas[0].log
+    rid = int(np.flatnonzero(~np.isnan(log.columns()["finish_s"]))[0])
+    log.produced_tokens[rid] = log.output_tokens[rid] - 1
+
+
 def lose_host_blocks(replicas: list[Replica]) -> None:
     replicas[1].scheduler.num_host_blocks_used += 1
 
@@ -130,13 +137,14 @@ def serve_a_rejected_request(replicas: list[Replica]) -> None:
         ([], leak_a_block, "replica 0: 1 KV blocks still in use with no request left"),
         (["engine.prefix_caching=true"], leak_a_block, "whose reference count differs from the block tables"),
         ([HORIZON], claim_all_tokens, "in flight with every token produced"),
+        ([], finish_a_token_short, "completed with produced tokens != requested: 1 request(s)"),
         ([HORIZON, "engine.kv.preemption=swap"], lose_host_blocks, "host blocks in use, the swapped requests need"),
         ([], first_token_after_finish, "ttft > e2e: 1 request(s)"),
         ([], finish_before_arrival, "e2e negative: 1 request(s)"),
         (["engine.max_model_len=512"], serve_a_rejected_request, "rejected yet finished or served"),
     ],
-    ids=["lost", "double-finish", "kv-leak", "kv-refcount", "tokens", "host-blocks", "ttft-after-e2e", "negative",
-         "rejected-served"],
+    ids=["lost", "double-finish", "kv-leak", "kv-refcount", "tokens", "finished-short", "host-blocks",
+         "ttft-after-e2e", "negative", "rejected-served"],
 )
 def test_each_invariant_fails_when_its_state_is_broken(overrides: list[str], sabotage: Sabotage,
                                                         message: str) -> None:
