@@ -14,7 +14,7 @@ import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -174,9 +174,18 @@ class FleetConfig(_Section):
         return self
 
 
+FromProfile = Literal["profile"]
+"""A network figure taken from the profile's ``streaming`` block (measured at a client)."""
+
+
 class NetworkConfig(_Section):
-    latency_ms: float = Field(default=0.0, ge=0)
-    """One-way latency from the replica to the client, added to every token the client sees."""
+    latency_ms: Annotated[float, Field(ge=0)] | FromProfile = 0.0
+    """One-way latency from the replica to the client, added to every token the client sees; ``profile``:
+    the profile's measured ``streaming.latency_ms``."""
+    flush_interval_ms: Annotated[float, Field(ge=0)] | FromProfile = 0.0
+    """A buffering proxy between the replicas and the clients that forwards what it holds every this many
+    ms (Go's ReverseProxy FlushInterval, Caddy's flush_interval): the first and last tokens reach the
+    client at the next flush. 0 = no proxy; ``profile``: the profile's ``streaming.flush_interval_ms``."""
 
 
 class SimulationConfig(_Section):
@@ -683,6 +692,38 @@ def link_transfer(scenario: Scenario, prefill: ResolvedPool, decode: ResolvedPoo
                           ("per_gpu", config.per_gpu)) if v is not None})
     return transfer_model(link, kv_bytes_per_token_per_rank=prefill.setup.profile.memory.kv_bytes_per_token,
                           prefill_tp=prefill.fleet.tp, decode_tp=decode.fleet.tp)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientPath:
+    """The path from the replicas to the clients, resolved: what the fleet adds to every token a client sees
+    (``latency_s``) and the flush grid of a buffering proxy in between (``flush_interval_s``, 0: none)."""
+
+    latency_s: float = 0.0
+    flush_interval_s: float = 0.0
+
+
+def client_path(scenario: Scenario, profiles: list[Profile]) -> ClientPath:
+    """The scenario's network section with ``profile`` figures taken from the replicas' profiles (which must
+    carry the same measured ``streaming`` block)."""
+    network = scenario.network
+    values: dict[str, float] = {}
+    for name in ("latency_ms", "flush_interval_ms"):
+        value = getattr(network, name)
+        if value != "profile":
+            values[name] = float(value)
+            continue
+        figures = {p.streaming for p in profiles}
+        if None in figures:
+            missing = next(p.name for p in profiles if p.streaming is None)
+            raise ConfigError(f"profile {missing} carries no measured streaming figures: give network.{name} in "
+                              f"milliseconds, or fit a profile with 'fleetsim calibrate --endpoint'",
+                              field=f"network.{name}")
+        if len(figures) > 1:
+            raise ConfigError(f"the pools' profiles carry different streaming figures: give network.{name} in "
+                              f"milliseconds", field=f"network.{name}")
+        values[name] = float(getattr(next(iter(figures)), name))
+    return ClientPath(latency_s=values["latency_ms"] / 1000.0, flush_interval_s=values["flush_interval_ms"] / 1000.0)
 
 
 def fleet_block_size(scenario: Scenario) -> int:

@@ -27,10 +27,12 @@ from simulator.results.run_result import ProfileInfo, RunResult, VariantResult
 from simulator.results.series import fleet_kv_util_mean, fleet_kv_waste, fleet_running_mean
 from simulator.results.summary import Summary, summarize
 from simulator.scenario import (
+    ClientPath,
     LoadedScenario,
     ReplicaSetup,
     ResolvedPool,
     Scenario,
+    client_path,
     disaggregation_of,
     fleet_block_size,
     link_transfer,
@@ -77,7 +79,8 @@ def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
     fleet_settings = fleet_setup(scenario, setup)
     check_sample_grid(scenario, workload, fleet_settings.cost)
     fleet = run_fleet(fleet_settings, workload, name=name, progress=progress, inspect=inspect, prepare=prepare)
-    _finish_run(scenario, workload, fleet, name=name, check=check)
+    _finish_run(scenario, workload, fleet, name=name, check=check,
+                client=client_path(scenario, [setup.profile]))
     profile = setup.profile
     return VariantResult(
         name=name,
@@ -182,14 +185,18 @@ def replica_end(replica: Replica, handoff: Mapping[int, int] | None = None) -> R
     )
 
 
-def _finish_run(scenario: Scenario, workload: Workload, fleet: FleetRun, *, name: str, check: bool) -> None:
+def _finish_run(scenario: Scenario, workload: Workload, fleet: FleetRun, *, name: str, check: bool,
+                client: ClientPath) -> None:
     """After the clock stopped: a warm-up that measured nothing is an error, cut decode runs are settled,
-    each request's produced tokens logged, and (``check``) the run's invariants verified."""
+    first and last tokens moved to a buffering proxy's flushes, each request's produced tokens logged, and
+    (``check``) the run's invariants verified."""
     if fleet.end_s <= scenario.simulation.warmup_s:
         raise ConfigError(f"the run ended at {fleet.end_s:.4g} s, within simulation.warmup_s "
                           f"({scenario.simulation.warmup_s:.4g} s): no request is measured; shorten the warm-up",
                           field="simulation.warmup_s")
     _settle_cut_runs(fleet)
+    if client.flush_interval_s > 0:
+        fleet.log.flush_deliveries(client.flush_interval_s)
     handoff = handoff_counts(fleet.replicas)
     fleet.log.record_produced({rid: produced for replica in fleet.replicas
                                for rid, (produced, _) in _live(replica, handoff).items()})
@@ -215,7 +222,7 @@ def fleet_setup(scenario: Scenario, setup: ReplicaSetup) -> FleetSetup:
         cost=CostModel(setup.profile, factor=sim.cost_factor),  # issue 8: sensitivity factor
         router=scenario.router,
         seed=scenario.seed,
-        network_latency_s=scenario.network.latency_ms / 1000.0,
+        network_latency_s=client_path(scenario, [setup.profile]).latency_s,
         sample_interval_s=sim.sample_interval_s,
         fast_path=sim.fast_path,
         horizon_s=sim.horizon_s,
@@ -266,6 +273,7 @@ def _simulate_pools(scenario: Scenario, workload: Workload, *, name: str, progre
     mixed GPUs, or prefill and decode) run through ``run_pooled_fleet``."""
     pools = resolve_pools(scenario)
     sim = scenario.simulation
+    client = client_path(scenario, [pool.setup.profile for pool in pools])
     costs = [CostModel(pool.setup.profile, factor=sim.cost_factor) for pool in pools]
     speeds = _speeds(pools, costs)
     handoffs = coordinator = None
@@ -284,11 +292,11 @@ def _simulate_pools(scenario: Scenario, workload: Workload, *, name: str, progre
         run = run_pooled_fleet(PooledSetup(
             groups=groups, router=scenario.router,
             disaggregation=disaggregation_of(scenario) if disaggregated else None, transfer=transfer,
-            seed=scenario.seed, network_latency_s=scenario.network.latency_ms / 1000.0,
+            seed=scenario.seed, network_latency_s=client.latency_s,
             sample_interval_s=sim.sample_interval_s, fast_path=sim.fast_path, horizon_s=sim.horizon_s,
         ), workload, name=name, progress=progress, inspect=inspect, prepare=prepare)
         fleet, pool_of, handoffs, coordinator = run.fleet, run.pool_of, run.handoffs, run.coordinator
-    _finish_run(scenario, workload, fleet, name=name, check=check)
+    _finish_run(scenario, workload, fleet, name=name, check=check, client=client)
     prices = [gpu_price(scenario, pool.fleet.hardware) for pool in pools]
     num_gpus = sum(pool.gpus for pool in pools)
     price = blended_price([(pool.gpus, price) for pool, price in zip(pools, prices, strict=True)])

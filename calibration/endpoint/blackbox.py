@@ -10,8 +10,9 @@ The probe schedule, designed so each probe isolates one step shape:
   token, before the first one's last), every inter-token gap is one decode step of ``B`` sequences at
   the streams' context, so their median is that step's time.
 - **HTTP path** — the median TTFT of the shortest prompt less the median single-stream ITL: what a
-  request's trip adds beyond a step, suggested as the scenario's ``network.latency_ms`` and taken off
-  every prefill probe before the fit.
+  request's trip adds beyond a step, taken off every prefill probe before the fit and stored as the
+  profile's ``streaming.latency_ms`` (with the tokens per SSE event the probes saw), which a scenario
+  takes with ``network.latency_ms: profile``.
 
 The points become step-timing rows and go through the engine calibration's own fitter
 (``calibration.fit.fit_timings``: the §4.3 form, relative least squares, k-fold held-out error), so the
@@ -59,6 +60,15 @@ class ProbeResults:
     decode: list[tuple[int, float, float]] = field(default_factory=list)
     """(batch, decode context sum, median steady ITL s) per probe."""
     failures: list[str] = field(default_factory=list)
+    num_tokens: int = 0
+    """Output tokens of the decode probes' streams (the server's count)."""
+    num_chunks: int = 0
+    """SSE events those tokens came in."""
+
+    @property
+    def tokens_per_chunk(self) -> float:
+        """Mean tokens per SSE event over the decode probes (1 when none was measured)."""
+        return max(self.num_tokens / self.num_chunks, 1.0) if self.num_chunks else 1.0
 
 
 def _prompt(rng: np.random.Generator, n: int) -> list[int]:
@@ -94,6 +104,10 @@ async def _probe(options: BenchOptions, plan: ProbePlan, progress: bool) -> tupl
         for c in plan.contexts:
             for b in plan.batches:
                 records = await asyncio.gather(*(send(c, plan.decode_tokens, i) for i in range(b)))
+                for record in records:
+                    if record.ok:
+                        results.num_tokens += record.output_tokens
+                        results.num_chunks += len(record.chunk_s)
                 step = steady_step(records)
                 if step is None:
                     results.failures.append(f"decode batch {b} context {c}: no steady window")
@@ -177,7 +191,7 @@ def calibrate_endpoint(options: BenchOptions, *, out: Path, like: str | None, ha
     from calibration.engine.configs import get_model
     from calibration.fit import fit_timings
     from calibration.profiler import git_revision
-    from simulator.cost.profile import MemoryFigures, Provenance
+    from simulator.cost.profile import MemoryFigures, Provenance, StreamingFigures
 
     if out.suffix not in (".yaml", ".yml"):
         raise ConfigError("--out must name a .yaml file", field="out")
@@ -216,6 +230,9 @@ def calibrate_endpoint(options: BenchOptions, *, out: Path, like: str | None, ha
         provenance=Provenance(device_name=f"endpoint {options.base_url}", date=datetime.date.today().isoformat(),
                               git_revision=git_revision(), source=source),
     )
+    streaming = StreamingFigures(latency_ms=overhead * 1e3, tokens_per_chunk=results.tokens_per_chunk,
+                                 source=f"calibrate --endpoint {options.base_url}, {datetime.date.today()}")
+    profile = profile.model_copy(update={"streaming": streaming})
     out.parent.mkdir(parents=True, exist_ok=True)
     rows.assign(held_out_s=fit.held_out_s).to_csv(out.with_suffix(".probes.csv"), index=False)
     profile.save(out)
@@ -227,6 +244,7 @@ def print_fit(fit: BlackBoxFit) -> None:
     print(f"profile  {fit.path}  ({fit.profile.label})")
     print(f"held-out MAPE {err.mape:.2%}  max {err.max_error:.2%}  R² {err.r2:.4f}  "
           f"({err.num_points} probes, {err.num_folds} folds)")
-    print(f"HTTP path {fit.overhead_s * 1e3:.2f} ms: set network.latency_ms to it in a scenario using this profile")
+    print(f"HTTP path {fit.overhead_s * 1e3:.2f} ms, stored as the profile's streaming.latency_ms: a scenario "
+          "takes it with network.latency_ms: profile")
     for failure in fit.results.failures[:5]:
         print(f"skipped  {failure}")

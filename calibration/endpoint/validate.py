@@ -42,7 +42,7 @@ def validate_endpoint(loaded: BenchWorkload, options: BenchOptions, *, out: Path
                       overwrite: bool = False) -> EndpointValidation:
     """Bench (twice with ``repeat``), simulate, compare, save."""
     from calibration.validate import CPU_TARGET, GPU_TARGET
-    from simulator.scenario import resolve_replica, scenario_record
+    from simulator.scenario import client_path, resolve_replica, scenario_record
     from simulator.simulation import simulate
 
     scenario: Any = loaded.scenario
@@ -50,6 +50,7 @@ def validate_endpoint(loaded: BenchWorkload, options: BenchOptions, *, out: Path
         raise ConfigError("validate --endpoint needs --scenario (the simulated replica's settings)", field="scenario")
     setup = resolve_replica(scenario)
     profile = setup.profile
+    client = client_path(scenario, [profile])
     if scenario.fleet.replicas != 1:
         raise ConfigError("validate --endpoint compares one server with one simulated replica: set fleet.replicas 1",
                           field="fleet.replicas")
@@ -68,7 +69,8 @@ def validate_endpoint(loaded: BenchWorkload, options: BenchOptions, *, out: Path
         "realtime": {"source": "endpoint"},
         "streaming": {"mean_tokens_per_chunk": streaming["mean_tokens_per_chunk"],
                       "usage_reported": streaming["usage_reported"],
-                      "network_latency_ms_simulated": scenario.network.latency_ms},
+                      "network_latency_ms_simulated": client.latency_s * 1e3,
+                      "flush_interval_ms_simulated": client.flush_interval_s * 1e3},
     }
     if repeat:
         runs["measured-repeat"] = run_bench(loaded.requests, options)

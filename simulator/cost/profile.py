@@ -188,6 +188,22 @@ class MoeCoefficients(_Frozen):
         return self
 
 
+class StreamingFigures(_Frozen):
+    """What the path from the engine to an HTTP client adds, as measured at a client (``fleetsim calibrate
+    --endpoint``): a scenario takes them with ``network.latency_ms: profile`` and ``network.flush_interval_ms:
+    profile``."""
+
+    latency_ms: float = Field(ge=0)
+    """One-way: HTTP handling, the event loop and SSE framing on top of the engine's step, per token seen."""
+    flush_interval_ms: float = Field(default=0.0, ge=0)
+    """A buffering proxy in between that forwards what it holds every this many ms (0: none, every chunk
+    passes at once)."""
+    tokens_per_chunk: float = Field(default=1.0, ge=1)
+    """Mean tokens per SSE event the client received (1: one event per token)."""
+    source: str | None = None
+    """Where the figures were measured (the endpoint, the date)."""
+
+
 class MemoryFigures(_Frozen):
     """Per-GPU memory: what sizes the KV pool of one replica. The KV pool is what the engine's start-up
     accounting leaves: device memory · memory_fraction − weights − activations − non-torch − CUDA graphs
@@ -323,6 +339,8 @@ class Profile(_Frozen):
     and by which rule (``simulator.cost.reprice``)."""
     moe: MoeCoefficients | None = None
     """The routed experts of a mixture-of-experts model; None for a dense model (today's form, unchanged)."""
+    streaming: StreamingFigures | None = None
+    """The client's view of a served endpoint (None: not measured; a scenario gives its own network figures)."""
 
     @model_validator(mode="after")
     def _check_kind(self) -> Profile:

@@ -199,6 +199,14 @@ class RequestLog:
         self._rejected[rid] = True
         self._rejected_s[rid] = t
 
+    def flush_deliveries(self, interval_s: float) -> None:
+        """A buffering proxy forwards what it holds every ``interval_s`` (from time 0): each first and last
+        token reaches the client at the first flush at or after it left the fleet."""
+        n = self._size
+        for column in (self.first_token_s, self.finish_s):
+            times = column[:n]
+            np.multiply(np.ceil(times / interval_s), interval_s, out=times)
+
     def record_produced(self, in_flight: Mapping[int, int]) -> None:
         """Set ``produced_tokens`` once the clock stopped: ``in_flight`` maps each request a replica still
         holds to the output tokens it produced so far (the core's count); a completed request keeps the

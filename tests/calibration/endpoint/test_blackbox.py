@@ -60,3 +60,6 @@ def test_probe_a_live_server_and_fit(tmp_path: Path) -> None:
     assert profile.memory.kv_capacity_tokens == blocks * 16  # read from the server's /metrics
     assert CostModel(profile).step_time(StepShape(4, 4, 4, 200, 0, 0.0)) > 0
     assert (tmp_path / "tiny-bb.probes.csv").is_file()
+    # The client's view travels with the profile: fleetsim serve sends one token per SSE event.
+    assert profile.streaming is not None and profile.streaming.tokens_per_chunk == 1.0
+    assert profile.streaming.latency_ms == pytest.approx(fit.overhead_s * 1e3)
