@@ -62,8 +62,8 @@ def pools_line(name: str, fleet: FleetFigures) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from simulator.results.report import goodput_per_gpu
     from simulator.results.run_folder import RunFiles, check_writable, save_run
+    from simulator.results.summary import goodput_per_gpu
     from simulator.scenario import load_scenario, pick_profile, vllm_gpu_defaults
     from simulator.simulation import run
 

@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 
 from simulator.results.request_log import RequestOutcome
 from simulator.results.run_result import RunResult, VariantResult
-from simulator.results.summary import Summary
+from simulator.results.summary import Summary, goodput_per_gpu
 
 __all__ = [
     "CDF_POINTS",
@@ -380,11 +380,6 @@ def _summary_table(result: RunResult) -> str:
     rows.append(f"<tr><th>profile</th>{profiles}</tr>")
     body = "".join(rows)
     return f'<table class="summary"><thead><tr><th></th>{head}</tr></thead><tbody>{body}</tbody></table>'
-
-
-def goodput_per_gpu(summary: Summary) -> float:
-    """Requests per second meeting the SLO, per GPU: how DistServe compares placements."""
-    return summary.goodput_rps / summary.num_gpus if summary.num_gpus else math.nan
 
 
 def _pools_table(result: RunResult) -> str:

@@ -272,3 +272,8 @@ def _latency_figures(lat_ms: dict[str, np.ndarray], tpot_ms: np.ndarray, queue_m
     for q in (50, 90, 99):
         figures[f"queue_p{q}_ms"] = _pct(queue_ms, q)
     return figures
+
+
+def goodput_per_gpu(summary: Summary) -> float:
+    """Requests per second meeting the SLO, per GPU: how DistServe compares placements."""
+    return summary.goodput_rps / summary.num_gpus if summary.num_gpus else math.nan
