@@ -170,25 +170,27 @@ def serve(options: ServeOptions) -> None:
     uvicorn.Server(_uvicorn_config(app, options)).run()
 
 
-class ServerThread:
-    """The server on a thread of this process, on a free loopback port: ``with ServerThread(opts) as s:
-    s.url``. Stops (aborting what is in flight) on exit."""
+class AppThread:
+    """An ASGI app on uvicorn on a thread of this process, on a free port of ``host``: ``with AppThread(app) as
+    s: s.url``. Stops on exit."""
 
-    def __init__(self, options: ServeOptions, *, start_timeout_s: float = 60.0) -> None:
+    def __init__(self, app: Any, *, host: str = "127.0.0.1", start_timeout_s: float = 60.0,
+                 name: str = "fleetsim-app") -> None:
         import uvicorn
 
-        self.app, self.loop = build_app_for(options)
+        self.app = app
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind((options.host, 0))
+        self._socket.bind((host, 0))
         self.port = self._socket.getsockname()[1]
-        self.url = f"http://{options.host}:{self.port}"
-        self._server = uvicorn.Server(_uvicorn_config(self.app, options))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
-                                        name="fleetsim-serve", daemon=True)
+        self.url = f"http://{host}:{self.port}"
+        self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=self.port, log_level="warning",
+                                                     access_log=False, timeout_graceful_shutdown=5))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, name=name,
+                                        daemon=True)
         self._start_timeout_s = start_timeout_s
 
-    def __enter__(self) -> ServerThread:
+    def __enter__(self) -> AppThread:
         import time
 
         self._thread.start()
@@ -203,3 +205,16 @@ class ServerThread:
         self._server.should_exit = True
         self._thread.join(30)
         self._socket.close()
+
+
+class ServerThread(AppThread):
+    """fleetsim serve on a thread of this process, on a free loopback port: ``with ServerThread(opts) as s:
+    s.url``. Stops (aborting what is in flight) on exit."""
+
+    def __init__(self, options: ServeOptions, *, start_timeout_s: float = 60.0) -> None:
+        app, self.loop = build_app_for(options)
+        super().__init__(app, host=options.host, start_timeout_s=start_timeout_s, name="fleetsim-serve")
+
+    def __enter__(self) -> ServerThread:
+        super().__enter__()
+        return self
