@@ -33,6 +33,7 @@ import torch
 from calibration.engine.attention import ScheduledSeq
 from calibration.engine.configs import ModelShape
 from calibration.engine.runner import ModelRunner
+from calibration.engine.speculative import SelfDraft, SpecStepStats, speculative_step
 from simulator.core.config import SchedulerConfig
 from simulator.core.request import Request, RequestSpec, RequestStatus
 from simulator.core.scheduler import Scheduler
@@ -129,9 +130,11 @@ class Engine:
         cuda_graphs: bool = False,
         eos_token_id: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        draft_layers: int | None = None,
     ) -> None:
         """``eos_token_id`` stops requests added with ``ignore_eos=False`` early; others always produce
-        exactly their spec's output_tokens (vLLM's benchmark behaviour)."""
+        exactly their spec's output_tokens (vLLM's benchmark behaviour). ``draft_layers``: speculative
+        decoding (``config.speculation``) with the model's first that many layers as the drafter."""
         self.config = config
         self.scheduler = Scheduler(config)
         self.runner = ModelRunner(
@@ -140,6 +143,11 @@ class Engine:
         )
         self.shape = self.runner.shape
         self.seed = seed
+        if (config.speculation is None) != (draft_layers is None):
+            raise ValueError("speculative decoding needs both config.speculation and draft_layers")
+        self.drafter = None if draft_layers is None else SelfDraft(self.runner, draft_layers)
+        self.spec_stats: list[SpecStepStats] = []
+        """Speculative decoding: what each step with proposals measured (acceptance, draft and verify time)."""
         self.eos_token_id = eos_token_id
         self._clock = clock
         self._t0 = clock()
@@ -253,6 +261,10 @@ class Engine:
         plan = self._queued if asynchronous and self._queued is not None else scheduler.schedule()
         self._queued = None
         swap_s = self._swap(plan)
+        if plan.num_spec_tokens is not None:
+            record = speculative_step(self, plan, start, swap_s)
+            self.records.append(record)
+            return record
         events: list[TokenEvent] = []
         stopped: set[int] = set()
         device_s = 0.0
