@@ -14,22 +14,18 @@ are the model's, so the KV it needs for verified tokens is already in the model'
 writes for its proposals sits in the slots the core reserved, overwritten by the verification: it needs no
 cache and no prefill of its own.
 
-Never schedules, allocates or decides acceptance counts other than by comparing tokens.
+The engine (`Engine._step_speculative`) runs a step with proposals through these and keeps the books;
+nothing here schedules, allocates or decides acceptance other than by comparing tokens.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from calibration.engine.attention import ScheduledSeq, step_positions
 from calibration.engine.runner import ModelRunner
-
-if TYPE_CHECKING:
-    from calibration.engine.engine import Engine, StepRecord, TokenEvent
-    from simulator.core.step import StepPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,79 +102,10 @@ def verify(runner: ModelRunner, seqs: list[ScheduledSeq], input_ids: list[int],
     return out
 
 
-def _sync(runner: ModelRunner) -> None:
+def sync(runner: ModelRunner) -> None:
+    """Wait for the device (a GPU runs asynchronously; the timings need the work done)."""
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
-
-
-def speculative_step(engine: Engine, plan: StepPlan, start: float, swap_s: float) -> StepRecord:
-    """Run a plan with proposals on ``engine`` (its drafter proposes, its model verifies), update the
-    scheduler with the accepted counts and return the step's record."""
-    from calibration.engine.engine import TokenEvent
-
-    drafter = engine.drafter
-    spec = plan.num_spec_tokens
-    if drafter is None or spec is None:
-        raise ValueError("a plan with proposals needs an engine built with a drafter (draft_layers)")
-    runner, kv, clock = engine.runner, engine.scheduler.kv, engine._clock
-    rows = plan.requests
-    tables = [kv.block_ids(r.request_id) for r in rows]
-    drafted = [i for i in range(len(rows)) if spec[i]]
-    t0 = clock()
-    proposals = drafter.propose(
-        [ScheduledSeq(num_new_tokens=1, num_computed_tokens=plan.num_computed_tokens[i], block_table=tables[i])
-         for i in drafted],
-        [engine.token_ids[rows[i].request_id][plan.num_computed_tokens[i]] for i in drafted],
-        [spec[i] for i in drafted])
-    _sync(runner)
-    t1 = clock()
-    drafts: dict[int, list[int]] = dict(zip(drafted, proposals, strict=True))
-    seqs: list[ScheduledSeq] = []
-    input_ids: list[int] = []
-    for i, request in enumerate(rows):
-        n, c = plan.num_new_tokens[i], plan.num_computed_tokens[i]
-        known = engine.token_ids[request.request_id][c : c + n - spec[i]]
-        seqs.append(ScheduledSeq(num_new_tokens=n, num_computed_tokens=c, block_table=tables[i]))
-        input_ids.extend(known + drafts.get(i, []))
-    verified = verify(runner, seqs, input_ids, spec) if seqs else []  # a step of swaps alone runs no forward
-    _sync(runner)
-    t2 = clock()
-    now = t2 - engine._t0
-    events: list[TokenEvent] = []
-    stopped: set[int] = set()
-    accepted: list[int] = []
-    width = max(spec, default=0)
-    reached, accepted_at = [0] * width, [0] * width
-    for i, request in enumerate(rows):
-        rid = request.request_id
-        if not engine._samples(plan, i):
-            accepted.append(0)  # a prompt chunk short of the end
-            continue
-        proposal = drafts.get(i, [])
-        num_accepted = 0
-        for j, argmax in enumerate(verified[i]):
-            token = engine._next_token(rid, argmax)
-            engine.token_ids[rid].append(token)
-            engine.outputs[rid].append(token)
-            events.append(TokenEvent(rid, token, now))
-            if token == engine.eos_token_id and not engine._ignore_eos[rid]:
-                stopped.add(rid)
-                break
-            if j < len(proposal):
-                reached[j] += 1
-            if j < len(proposal) and token == proposal[j]:
-                accepted_at[j] += 1
-                num_accepted += 1  # the proposal was the model's own token: the next logits are valid
-                continue
-            break
-        accepted.append(num_accepted)
-    finished = engine.scheduler.update(plan, stopped, accepted=accepted)
-    for request in finished:
-        engine._forget(request.request_id)
-    engine.spec_stats.append(SpecStepStats(
-        num_rows=len(drafted), num_draft_tokens=sum(spec), num_accepted_tokens=sum(accepted),
-        draft_s=t1 - t0, verify_s=t2 - t1, reached=tuple(reached), accepted_at=tuple(accepted_at)))
-    return engine._record(plan, events, start, t2 - t0, swap_s)
 
 
 def acceptance_rates(stats: list[SpecStepStats]) -> list[float]:

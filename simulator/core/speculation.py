@@ -113,3 +113,27 @@ def mark_proposals(plan: StepPlan) -> None:
     new = plan.num_new_tokens
     computed = plan.num_computed_tokens
     plan.num_spec_tokens = [max(0, computed[i] + new[i] - rows[i].num_tokens) for i in range(len(rows))]
+
+
+def verify_shape_fields(plan: StepPlan) -> tuple[int, int, int, int, int, float, int]:
+    """``step.shape_fields`` of a plan with proposals, a row that verifies s proposals counted as a decode
+    row of 1 + s new tokens reading its context once (the 1 + s queries of one sequence share its KV read,
+    as a verification kernel does), not as a prompt chunk of 1 + s tokens."""
+    spec = plan.num_spec_tokens
+    if spec is None:
+        raise ValueError(f"plan {plan.step_id} has no proposals")
+    num_decode = decode_ctx = tokens = prefill_tokens = 0
+    pairs = 0.0
+    rows = plan.num_rows()
+    for i in range(rows):
+        n = plan.num_new_tokens[i]
+        p = plan.num_computed_tokens[i]
+        tokens += n
+        if n == 1 or spec[i]:
+            num_decode += 1
+            decode_ctx += p + n
+        else:
+            prefill_tokens += n
+            pairs += n * (p + n / 2)
+    swap = sum(op.num_tokens for op in plan.swapped_out) + sum(op.num_tokens for op in plan.swapped_in)
+    return rows, tokens, num_decode, decode_ctx, prefill_tokens, pairs, swap
