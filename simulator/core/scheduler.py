@@ -448,7 +448,7 @@ class Scheduler:
             computed = request.num_computed_tokens
             placeholders = request.num_output_placeholders
             num_new = request.num_prompt_tokens + request.num_output_tokens + placeholders - computed
-            if num_new == 1 and num_spec:
+            if num_spec and num_new == 1:
                 # A decode with proposals: slots for them too (vLLM's num_tokens_with_spec), none past the
                 # last output (the verifier samples one token of its own).
                 num_new += min(num_spec, request.max_output_tokens - request.num_output_tokens - 1)

@@ -13,6 +13,7 @@ from calibration.engine.engine import Engine
 from calibration.engine.speculative import acceptance_rates
 from simulator.core.config import Preemption, SchedulerConfig
 from simulator.core.request import RequestSpec
+from simulator.core.scheduler import Scheduler
 from simulator.core.speculation import Speculation
 
 TINY = get_model("tiny")  # 2 layers: the self-draft is its first one
@@ -85,3 +86,36 @@ def test_an_engine_needs_a_drafter_for_speculation() -> None:
         Engine(TINY, SchedulerConfig(num_blocks=8, speculation=speculation(2)))
     with pytest.raises(ValueError, match="self-draft needs 1 to 1"):
         Engine(TINY, SchedulerConfig(num_blocks=8, speculation=speculation(2)), draft_layers=2)
+
+
+def test_the_engine_runs_the_cores_plans_a_bare_scheduler_makes_the_same_ones() -> None:
+    """Parity: replaying the engine's accepted counts through a scheduler without a model gives the same
+    step plans (the core decides everything; the engine only verifies)."""
+    config = SchedulerConfig(num_blocks=20, block_size=4, max_num_batched_tokens=16, speculation=speculation(3))
+    specs = workload(7, 6)
+    _, engine = run(config, specs, draft_layers=1)
+    by_step = _accepted_by_step(engine)
+    assert len(engine.spec_stats) == len(engine.records)  # every step of a speculative engine verifies
+    sched = Scheduler(config)
+    pending = list(specs)
+    for record, stats in zip(engine.records, engine.spec_stats, strict=True):
+        if pending:
+            sched.add_request(pending.pop(0))
+        plan = sched.schedule()
+        assert [r.request_id for r in plan.requests] == list(record.request_ids)
+        assert plan.num_new_tokens == list(record.num_new_tokens)
+        assert plan.preempted_ids == list(record.preempted_ids)
+        assert sum(by_step[record.step_id]) == stats.num_accepted_tokens
+        sched.update(plan, accepted=by_step[record.step_id])
+    assert not sched.has_work
+
+
+def _accepted_by_step(engine: Engine) -> dict[int, list[int]]:
+    """Each step's accepted counts per row, read back from the tokens each row produced."""
+    out: dict[int, list[int]] = {}
+    for record in engine.records:
+        produced = {rid: 0 for rid in record.request_ids}
+        for event in record.events:
+            produced[event.request_id] += 1
+        out[record.step_id] = [max(0, produced[rid] - 1) for rid in record.request_ids]
+    return out
