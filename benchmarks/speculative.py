@@ -1,4 +1,4 @@
-"""Where speculative decoding stops paying: ``python benchmarks/speculative.py [--no-engine]``.
+"""Where speculative decoding stops paying: ``python benchmarks/speculative.py [--no-engine] [--out F.json]``.
 
 Four tables, on the setting of ``scenarios/speculative.yaml`` (Llama-3-70B, TP4 on H100, a draft model at 5 %
 of a target decode step per pass):
@@ -23,6 +23,7 @@ ones: compare the shape (a gain at low load that inverts at high load), not the 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -49,6 +50,8 @@ CONTEXT = 1024
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SETTINGS = ((2, 0.7), (4, 0.7), (4, 0.5), (4, 0.9))
 RATES = (1, 2, 4, 8, 12, 16, 20, 24)
+RECORD: dict[str, Any] = {}
+"""What the tables found, written as JSON by ``--out``."""
 PUBLISHED = {"low_load_speedup": 1.5, "high_load_slowdown": 1.4,
              "source": "https://blog.vllm.ai/2024/10/17/spec-decode.html"}
 
@@ -83,6 +86,7 @@ def cost_table() -> None:
     for k, rate in SETTINGS:
         times = [per_token_ms(cost, b, k, rate) for b in BATCHES]
         cross = next((b for b, t, t0 in zip(BATCHES, times, base, strict=True) if t >= t0), None)
+        RECORD.setdefault("crossover_batch", {})[f"k{k}-a{rate}"] = cross
         print(f"{f'k{k} a{rate}':16s}" + "".join(f"{t:8.2f}" for t in times)
               + f"   {cross if cross is not None else '> ' + str(BATCHES[-1])}")
         print(f"{'  speedup':16s}" + "".join(f"{t0 / t:8.2f}" for t, t0 in zip(times, base, strict=True)))
@@ -115,6 +119,9 @@ def batch_one() -> None:
         spec = Speculation(num_speculative_tokens=k, acceptance_rates=(a,) * k, draft_cost_fraction=DRAFT_FRACTION)
         verify_ms = speculative_step_s(cost, _plan(1, k), spec)[0] * 1e3 - k * DRAFT_FRACTION * decode_ms
         predicted = expected_tokens(a, k) / (verify_ms / decode_ms + k * DRAFT_FRACTION)
+        RECORD.setdefault("batch_one", {})[f"k{k}-a{a}"] = {
+            "tpot_ms": summary.tpot_mean_ms, "tpot_off_ms": off, "cut": off / summary.tpot_mean_ms,
+            "expected_tokens": expected_tokens(a, k), "predicted_cut": predicted}
         print(f"{f'k{k}-a{a}':12s}{summary.tpot_mean_ms:9.2f}{off / summary.tpot_mean_ms:7.2f}"
               f"{expected_tokens(a, k):10.2f}{predicted:11.2f}{summary.spec_tokens_per_step:13.2f}"
               f"{summary.spec_acceptance_rate:8.2f}")
@@ -146,11 +153,14 @@ def load_sweep() -> None:
     for n, rps in crossover.items():
         where = f"{rps} requests/s" if rps is not None else f"beyond {RATES[-1]} requests/s"
         print(f"crossover load for {n}: {where}")
+        RECORD.setdefault("crossover_rps", {})[n] = rps
     tpot = {name: v.summary.tpot_p50_ms for name, v in result.variants.items()}
     top = RATES[-1]
     print(f"published (vLLM, draft model, Llama-3-70B 4xH100 ShareGPT; {PUBLISHED['source']}): "
           f"{PUBLISHED['low_load_speedup']}x faster at 1 request/s, {PUBLISHED['high_load_slowdown']}x slower at "
           "high load")
+    RECORD["published"] = {**PUBLISHED, "simulated_low_load_speedup": tpot["off@1"] / tpot["k4-a0.7@1"],
+                           "simulated_high_load_slowdown": tpot[f"k4-a0.5@{top}"] / tpot[f"off@{top}"]}
     print(f"simulated: k4 a0.7 {tpot['off@1'] / tpot['k4-a0.7@1']:.2f}x faster at 1 request/s; k4 a0.5 "
           f"{tpot[f'k4-a0.5@{top}'] / tpot[f'off@{top}']:.2f}x slower (TPOT p50) at {top} requests/s")
 
@@ -189,6 +199,10 @@ def engine_table() -> None:
         draft_ms = 1e3 * sum(s.draft_s for s in stats) / len(stats)
         verify_ms = 1e3 * sum(s.verify_s for s in stats) / len(stats)
         rates = " ".join(f"{r:.2f}" for r in acceptance_rates(stats))
+        RECORD.setdefault("engine", {})[f"k{k}-draft{layers}"] = {
+            "ms_per_token": ms_per_token, "ms_per_token_off": base, "tokens_per_step": per_step,
+            "draft_ms_per_step": draft_ms, "verify_ms_per_step": verify_ms,
+            "acceptance_by_position": acceptance_rates(stats)}
         print(f"{k:3d}{layers:14d}{ms_per_token:10.2f}{base / ms_per_token:7.2f}{per_step:13.2f}{draft_ms:10.2f}"
               f"{verify_ms:11.2f}  {rates}")
 
@@ -196,12 +210,15 @@ def engine_table() -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-engine", action="store_true", help="skip the real engine's table (torch)")
+    parser.add_argument("--out", type=Path, help="also write what the tables found to this JSON file")
     args = parser.parse_args()
     cost_table()
     batch_one()
     load_sweep()
     if not args.no_engine:
         engine_table()
+    if args.out is not None:
+        args.out.write_text(json.dumps(RECORD, indent=2, sort_keys=True) + "\n")
     return 0
 
 
