@@ -6,8 +6,12 @@ plus ``s <= k`` proposals of a drafter), so its computed tokens run ``s`` past i
 then takes, per row, how many proposals the verifier accepted: the request gains ``1 + accepted`` output
 tokens and its computed tokens fall back by the rejected ones (vLLM v1's ``update_from_output``:
 ``num_computed_tokens -= num_rejected``). The blocks a rejected slot sits in stay with the request, as in
-vLLM (its KV manager never shrinks a table): they are the next step's proposal slots, and the next step
-overwrites the rejected KV; finishing or preemption frees them with the rest.
+vLLM (``allocate_slots`` counts "new tokens, including unverified draft tokens" and never shrinks a table
+for them): they are the next step's proposal slots, the next step overwrites the rejected KV, and finishing
+or preemption frees them with the rest. The prefix cache indexes only blocks of known tokens (the KV
+manager caps at ``num_tokens``, as vLLM caps "at request.num_tokens"), so a block holding a rejected
+proposal is never shared (vllm/v1/core/sched/scheduler.py and kv_cache_manager.py at vllm-project/vllm
+003df29).
 
 The real engine verifies proposals with its model; the simulator draws the accepted count here, from a
 configured acceptance model, per request and per step, keyed by (seed, request id, outputs so far, draft

@@ -146,6 +146,7 @@ def test_kv_is_conserved_and_every_request_gets_exactly_its_outputs(
         assert sum(pool.ref_cnt) == held, "blocks held by nobody or by two requests"
         for r in sched.running:
             assert len(r.block_table) * bs >= r.num_computed_tokens
+            assert r.num_indexed_blocks * bs <= r.num_tokens, "a block with a proposal in the prefix cache"
     else:
         pytest.fail("the run did not drain")
     for r in added.values():
