@@ -15,13 +15,17 @@ The scenario's ``engine.speculative`` section (``SpeculativeConfig``) resolves t
 from __future__ import annotations
 
 from enum import StrEnum
+from pathlib import Path
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from simulator import yaml_text
 from simulator.core.speculation import Speculation, verify_shape_fields
 from simulator.core.step import StepPlan
 from simulator.cost.cost_model import CostModel
 from simulator.cost.profile import Profile
+from simulator.errors import ConfigError
 
 
 class DraftMethod(StrEnum):
@@ -46,24 +50,23 @@ class SpeculativeConfig(BaseModel):
     """α: every proposal accepted with this probability given the ones before it were."""
     acceptance_rates: tuple[float, ...] | None = None
     """Per draft position, the probability it is accepted given the earlier ones were (EAGLE's fall with
-    depth; the engine's measured ones: ``benchmarks/speculative.py``); at most k, the last repeated."""
+    depth); at most k, the last repeated."""
+    acceptance_table: str | None = None
+    """A measured table: a YAML or JSON file whose ``acceptance_rates`` lists per-position rates (as
+    ``benchmarks/speculative.py --rates-out`` writes the engine's), read like ``acceptance_rates``; a path
+    from the working directory, as ``fleet.profile``."""
     draft_cost_fraction: float | None = Field(default=None, ge=0, le=10)
     """One drafting pass as a fraction of the target's decode step of the same rows; None = the method's
     (ngram 0, eagle 1 / the model's layers; draft_model has none: give it)."""
 
     @model_validator(mode="after")
     def _rates(self) -> SpeculativeConfig:
-        if (self.acceptance_rate is None) == (self.acceptance_rates is None):
-            raise ValueError("give exactly one of acceptance_rate (α) and acceptance_rates (per position)")
+        given = [self.acceptance_rate, self.acceptance_rates, self.acceptance_table]
+        if sum(value is not None for value in given) != 1:
+            raise ValueError("give exactly one of acceptance_rate (α), acceptance_rates (per position) and "
+                             "acceptance_table (a file of measured rates)")
         if self.acceptance_rates is not None:
-            if not self.acceptance_rates:
-                raise ValueError("acceptance_rates needs at least one rate")
-            if len(self.acceptance_rates) > self.num_speculative_tokens:
-                raise ValueError(f"acceptance_rates has {len(self.acceptance_rates)} rates for "
-                                 f"num_speculative_tokens {self.num_speculative_tokens}")
-            bad = [r for r in self.acceptance_rates if not 0.0 <= r <= 1.0]
-            if bad:
-                raise ValueError(f"acceptance rates must lie in [0, 1], got {bad[0]}")
+            check_rates(self.acceptance_rates, self.num_speculative_tokens)
         if self.method is DraftMethod.DRAFT_MODEL and self.draft_cost_fraction is None:
             raise ValueError("method draft_model needs draft_cost_fraction (the draft's share of a target step)")
         return self
@@ -73,8 +76,8 @@ class SpeculativeConfig(BaseModel):
         k = self.num_speculative_tokens
         if k == 0:
             return None
-        if self.acceptance_rates is not None:
-            given = self.acceptance_rates
+        if self.acceptance_rates is not None or self.acceptance_table is not None:
+            given = self.acceptance_rates if self.acceptance_rates is not None else self.table_rates()
             rates = tuple(given[min(i, len(given) - 1)] for i in range(k))
         else:
             assert self.acceptance_rate is not None
@@ -82,12 +85,44 @@ class SpeculativeConfig(BaseModel):
         return Speculation(num_speculative_tokens=k, acceptance_rates=rates,
                            draft_cost_fraction=self.draft_fraction(profile), seed=seed)
 
+    def table_rates(self) -> tuple[float, ...]:
+        """The rates of ``acceptance_table``; a file that cannot be read or holds no valid list is a
+        ConfigError naming it."""
+        assert self.acceptance_table is not None
+        path = Path(self.acceptance_table)
+        where = "engine.speculative.acceptance_table"
+        try:
+            data = yaml_text.safe_load(path.read_text())
+        except OSError as err:
+            raise ConfigError(f"cannot read acceptance table: {err.strerror or err}", file=path, field=where) from None
+        except yaml.YAMLError:
+            raise ConfigError("acceptance table is not valid YAML or JSON", file=path, field=where) from None
+        rates = data.get("acceptance_rates") if isinstance(data, dict) else None
+        if not isinstance(rates, list) or not all(isinstance(r, int | float) for r in rates):
+            raise ConfigError("acceptance table needs acceptance_rates: a list of numbers", file=path, field=where)
+        try:
+            check_rates(tuple(float(r) for r in rates), self.num_speculative_tokens)
+        except ValueError as err:
+            raise ConfigError(str(err), file=path, field=where) from None
+        return tuple(float(r) for r in rates)
+
     def draft_fraction(self, profile: Profile) -> float:
         if self.draft_cost_fraction is not None:
             return self.draft_cost_fraction
         if self.method is DraftMethod.NGRAM:
             return 0.0
         return 1.0 / num_layers(profile)
+
+
+def check_rates(rates: tuple[float, ...], k: int) -> None:
+    """Per-position rates a setting of k proposals can take: one to k of them, each in [0, 1]."""
+    if not rates:
+        raise ValueError("acceptance_rates needs at least one rate")
+    if len(rates) > k:
+        raise ValueError(f"acceptance_rates has {len(rates)} rates for num_speculative_tokens {k}")
+    bad = [r for r in rates if not 0.0 <= r <= 1.0]
+    if bad:
+        raise ValueError(f"acceptance rates must lie in [0, 1], got {bad[0]}")
 
 
 def num_layers(profile: Profile) -> int:

@@ -131,3 +131,36 @@ def test_the_command_line_exits_2_with_one_line(tmp_path: Path, capsys: pytest.C
     code = main(["run", str(path), "--out", str(tmp_path / "out"), "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "acceptance_rate" in err
+
+
+def test_a_measured_table_gives_the_rates(tmp_path: Path) -> None:
+    table = tmp_path / "rates.yaml"
+    table.write_text("acceptance_rates: [0.9, 0.6]\nsource: measured\n")
+    engine = {"preset": "vllm", "speculative": {"num_speculative_tokens": 3, "acceptance_table": str(table)}}
+    config = resolve_replica(load_mapping({**BASE, "engine": engine}).scenario).scheduler
+    assert config.speculation is not None and config.speculation.acceptance_rates == (0.9, 0.6, 0.6)
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    (None, "cannot read acceptance table"),
+    ("acceptance_rates: 0.5\n", "a list of numbers"),
+    ("acceptance_rates: [0.5, 0.4, 0.3, 0.2]\n", "4 rates for num_speculative_tokens 3"),
+    ("acceptance_rates: [0.5, 7]\n", "must lie in [0, 1]"),
+    ("[unclosed\n", "not valid YAML"),
+])
+def test_a_bad_table_is_one_line_naming_it(tmp_path: Path, text: str | None, needle: str) -> None:
+    table = tmp_path / "rates.yaml"
+    if text is not None:
+        table.write_text(text)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "engine": {"speculative": {"num_speculative_tokens": 3,
+                                                                      "acceptance_table": str(table)}}}))
+    with pytest.raises(ConfigError) as info:
+        load_scenario(path)
+    message = str(info.value)
+    assert "\n" not in message and needle in message and "acceptance_table" in message and "rates.yaml" in message
+
+
+def test_rates_and_a_table_together_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="exactly one of"):
+        SpeculativeConfig(num_speculative_tokens=2, acceptance_rate=0.5, acceptance_table="t.yaml")
