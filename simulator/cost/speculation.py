@@ -32,7 +32,8 @@ class DraftMethod(StrEnum):
     NGRAM = "ngram"
     """Prompt lookup (vLLM's ``ngram``): proposals copied from earlier text, no model run (cost ~0)."""
     EAGLE = "eagle"
-    """An EAGLE / MTP head: about one decoder layer of the target per proposal."""
+    """An EAGLE / MTP head: about one decoder layer of the target per proposal (1 / layers by default; its
+    LM head, as large as 2.4 of Llama-3-8B's layers, is not counted: give ``draft_cost_fraction`` to)."""
     DRAFT_MODEL = "draft_model"
     """A separate small model: its share of the target's decode step per proposal (give it)."""
 
