@@ -29,6 +29,7 @@ from simulator.cost.link import TransferModel, get_link, transfer_model
 from simulator.cost.moe import Routing
 from simulator.cost.profile import Profile, config_error_from_validation, get_accelerator, list_profiles, load_profile
 from simulator.cost.reprice import at_dtypes
+from simulator.cost.speculation import SpeculativeConfig
 from simulator.errors import ConfigError
 from simulator.fleet.disaggregation import DisaggregationConfig
 from simulator.fleet.router import RouterConfig
@@ -105,6 +106,9 @@ class EngineConfig(_Section):
     """How vLLM is started, which picks the vllm preset's batch defaults: api_server (``vllm serve``) or
     offline (the ``LLM`` class: 16384 batched tokens on large GPUs, 8192 elsewhere)."""
     kv: KVConfig = KVConfig()
+    speculative: SpeculativeConfig | None = None
+    """Speculative decoding (simulator/cost/speculation.py): proposals per step, acceptance, the drafter;
+    None = off. Runs on synchronous scheduling: the vllm preset's async scheduling yields to it."""
 
 
 class PoolConfig(_Section):
@@ -511,6 +515,9 @@ def resolve_replica(scenario: Scenario) -> ReplicaSetup:
         "async_scheduling": engine.async_scheduling,
     }
     settings = {**{f: getattr(config, f) for f in explicit}, **{k: v for k, v in explicit.items() if v is not None}}
+    speculation = None if engine.speculative is None else engine.speculative.resolve(profile, scenario.seed)
+    if speculation is not None:
+        _check_speculation(engine, settings, explicit)
     if settings["async_scheduling"] and (settings["batching"] is not Batching.CHUNKED
                                          or settings["preemption"] is not Preemption.RECOMPUTE):
         if engine.async_scheduling:
@@ -546,8 +553,23 @@ def resolve_replica(scenario: Scenario) -> ReplicaSetup:
             field="engine.max_model_len",
         )
     host_blocks = int(kv.swap_space_gib * 2**30 // (profile.memory.kv_bytes_per_token * block_size))
-    config = replace(config, num_blocks=num_blocks, max_model_len=max_model_len, num_host_blocks=host_blocks)
+    config = replace(config, num_blocks=num_blocks, max_model_len=max_model_len, num_host_blocks=host_blocks,
+                     speculation=speculation)
     return ReplicaSetup(profile=with_engine_host(profile, engine.preset, config.async_scheduling), scheduler=config)
+
+
+def _check_speculation(engine: EngineConfig, settings: dict[str, Any], explicit: dict[str, Any]) -> None:
+    """Speculation runs on vLLM v1's chunked, synchronous scheduler here: async scheduling the preset
+    turned on yields to it (``explicit`` updated), one asked for explicitly is an error."""
+    if settings["batching"] is not Batching.CHUNKED:
+        raise ConfigError(f"speculative decoding needs batching chunked (vLLM v1's scheduler), not "
+                          f"{settings['batching']}", field="engine.speculative")
+    if settings["async_scheduling"]:
+        if engine.async_scheduling:
+            raise ConfigError("speculative decoding runs on synchronous scheduling here: set "
+                              "engine.async_scheduling false or leave it to the preset",
+                              field="engine.async_scheduling")
+        explicit["async_scheduling"] = False
 
 
 def with_routing(profile: Profile, fleet: FleetConfig) -> Profile:

@@ -8,6 +8,7 @@ the seed, the arrivals and the lengths; only what a variant overrides differs.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 
@@ -241,7 +242,7 @@ def _summary(scenario: Scenario, fleet: FleetRun, *, num_gpus: int | None = None
     if num_gpus is None:
         num_gpus = scenario.fleet.replicas * scenario.fleet.tp
         usd_per_gpu_hour = gpu_price(scenario, scenario.fleet.hardware)
-    return summarize(
+    summary = summarize(
         fleet.log,
         duration_s=fleet.end_s,
         slo=scenario.slo,
@@ -255,6 +256,12 @@ def _summary(scenario: Scenario, fleet: FleetRun, *, num_gpus: int | None = None
         running_peak=max(s.peak_running for s in series),
         kv_waste_mean=fleet_kv_waste(series),
     )
+    rows = sum(r.scheduler.num_spec_rows for r in replicas)
+    if not rows:
+        return summary
+    drafts = sum(r.scheduler.num_draft_tokens for r in replicas)
+    accepted = sum(r.scheduler.num_accepted_tokens for r in replicas)
+    return replace(summary, spec_tokens_per_step=1 + accepted / rows, spec_acceptance_rate=accepted / drafts)
 
 
 def gpu_price(scenario: Scenario, hardware: str) -> float | None:

@@ -33,6 +33,7 @@ import torch
 from calibration.engine.attention import ScheduledSeq
 from calibration.engine.configs import ModelShape
 from calibration.engine.runner import ModelRunner
+from calibration.engine.speculative import SelfDraft, SpecStepStats, sync, verify
 from simulator.core.config import SchedulerConfig
 from simulator.core.request import Request, RequestSpec, RequestStatus
 from simulator.core.scheduler import Scheduler
@@ -129,9 +130,11 @@ class Engine:
         cuda_graphs: bool = False,
         eos_token_id: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        draft_layers: int | None = None,
     ) -> None:
         """``eos_token_id`` stops requests added with ``ignore_eos=False`` early; others always produce
-        exactly their spec's output_tokens (vLLM's benchmark behaviour)."""
+        exactly their spec's output_tokens (vLLM's benchmark behaviour). ``draft_layers``: speculative
+        decoding (``config.speculation``) with the model's first that many layers as the drafter."""
         self.config = config
         self.scheduler = Scheduler(config)
         self.runner = ModelRunner(
@@ -140,6 +143,11 @@ class Engine:
         )
         self.shape = self.runner.shape
         self.seed = seed
+        if (config.speculation is None) != (draft_layers is None):
+            raise ValueError("speculative decoding needs both config.speculation and draft_layers")
+        self.drafter = None if draft_layers is None else SelfDraft(self.runner, draft_layers)
+        self.spec_stats: list[SpecStepStats] = []
+        """Speculative decoding: what each step with proposals measured (acceptance, draft and verify time)."""
         self.eos_token_id = eos_token_id
         self._clock = clock
         self._t0 = clock()
@@ -253,6 +261,10 @@ class Engine:
         plan = self._queued if asynchronous and self._queued is not None else scheduler.schedule()
         self._queued = None
         swap_s = self._swap(plan)
+        if plan.num_spec_tokens is not None:
+            record = self._step_speculative(plan, start, swap_s)
+            self.records.append(record)
+            return record
         events: list[TokenEvent] = []
         stopped: set[int] = set()
         device_s = 0.0
@@ -283,6 +295,74 @@ class Engine:
         record = self._record(plan, events, start, device_s, swap_s)
         self.records.append(record)
         return record
+
+    def _step_speculative(self, plan: StepPlan, start: float, swap_s: float) -> StepRecord:
+        """Run a plan with proposals: the drafter proposes, the model verifies them in one forward, greedy
+        acceptance keeps the leading proposals equal to the model's own tokens plus the model's next one
+        (``calibration.engine.speculative``); the scheduler gets the accepted counts."""
+        drafter = self.drafter
+        spec = plan.num_spec_tokens
+        if drafter is None or spec is None:
+            raise ValueError("a plan with proposals needs an engine built with a drafter (draft_layers)")
+        runner, kv, clock = self.runner, self.scheduler.kv, self._clock
+        rows = plan.requests
+        tables = [kv.block_ids(r.request_id) for r in rows]
+        drafted = [i for i in range(len(rows)) if spec[i]]
+        t0 = clock()
+        proposals = drafter.propose(
+            [ScheduledSeq(num_new_tokens=1, num_computed_tokens=plan.num_computed_tokens[i], block_table=tables[i])
+             for i in drafted],
+            [self.token_ids[rows[i].request_id][plan.num_computed_tokens[i]] for i in drafted],
+            [spec[i] for i in drafted])
+        sync(runner)
+        t1 = clock()
+        drafts: dict[int, list[int]] = dict(zip(drafted, proposals, strict=True))
+        seqs: list[ScheduledSeq] = []
+        input_ids: list[int] = []
+        for i, request in enumerate(rows):
+            n, c = plan.num_new_tokens[i], plan.num_computed_tokens[i]
+            known = self.token_ids[request.request_id][c : c + n - spec[i]]
+            seqs.append(ScheduledSeq(num_new_tokens=n, num_computed_tokens=c, block_table=tables[i]))
+            input_ids.extend(known + drafts.get(i, []))
+        verified = verify(runner, seqs, input_ids, spec) if seqs else []  # a step of swaps alone runs no forward
+        sync(runner)
+        t2 = clock()
+        now = t2 - self._t0
+        events: list[TokenEvent] = []
+        stopped: set[int] = set()
+        accepted: list[int] = []
+        width = max(spec, default=0)
+        reached, accepted_at = [0] * width, [0] * width
+        for i, request in enumerate(rows):
+            rid = request.request_id
+            if not self._samples(plan, i):
+                accepted.append(0)  # a prompt chunk short of the end
+                continue
+            proposal = drafts.get(i, [])
+            num_accepted = 0
+            for j, argmax in enumerate(verified[i]):
+                token = self._next_token(rid, argmax)
+                self.token_ids[rid].append(token)
+                self.outputs[rid].append(token)
+                events.append(TokenEvent(rid, token, now))
+                if token == self.eos_token_id and not self._ignore_eos[rid]:
+                    stopped.add(rid)
+                    break
+                if j < len(proposal):
+                    reached[j] += 1
+                if j < len(proposal) and token == proposal[j]:
+                    accepted_at[j] += 1
+                    num_accepted += 1  # the proposal was the model's own token: the next logits are valid
+                    continue
+                break
+            accepted.append(num_accepted)
+        finished = self.scheduler.update(plan, stopped, accepted=accepted)
+        for request in finished:
+            self._forget(request.request_id)
+        self.spec_stats.append(SpecStepStats(
+            num_rows=len(drafted), num_draft_tokens=sum(spec), num_accepted_tokens=sum(accepted),
+            draft_s=t1 - t0, verify_s=t2 - t1, reached=tuple(reached), accepted_at=tuple(accepted_at)))
+        return self._record(plan, events, start, t2 - t0, swap_s)
 
     @staticmethod
     def _samples(plan: StepPlan, row: int) -> bool:

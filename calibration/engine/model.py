@@ -171,11 +171,17 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_cache: KVCache | None = None,
+        *,
+        token_indices: torch.Tensor | None = None,
+        num_layers: int | None = None,
     ) -> torch.Tensor:
         """One step: input_ids, positions (num_tokens,) int64 → logits (num_seqs, vocab) in the model dtype.
 
         ``meta`` comes from a backend's ``prepare`` for the same sequences, in the same order as the flat
-        tokens; ``kv_cache`` is required by paged backends and ignored by the dense oracle.
+        tokens; ``kv_cache`` is required by paged backends and ignored by the dense oracle. Speculative
+        decoding: ``token_indices`` (flat token positions) picks the rows of logits instead of each
+        sequence's last token (a verification needs one per proposal), and ``num_layers`` runs only the
+        first layers (a layer-truncated self-draft, which reads and writes those layers' KV).
         """
         if meta.backend.paged and kv_cache is None:
             raise ValueError(f"backend {meta.backend.name!r} needs a KV cache")
@@ -189,8 +195,10 @@ class LlamaModel(nn.Module):
         inv_freq: torch.Tensor = self.inv_freq  # type: ignore[assignment]
         cos, sin = rope_cos_sin(positions, inv_freq)
         h = F.embedding(input_ids, self.embed_tokens)  # (num_tokens, hidden)
-        for i, layer in enumerate(self.layers):
+        layers = self.layers if num_layers is None else self.layers[:num_layers]
+        for i, layer in enumerate(layers):
             layer_cache = kv_cache.layer(i) if kv_cache is not None and meta.backend.paged else None
             h = layer(h, cos, sin, meta, layer_cache)  # (num_tokens, hidden)
-        h = h.index_select(0, meta.last_token_indices)  # (num_seqs, hidden)
+        rows = meta.last_token_indices if token_indices is None else token_indices
+        h = h.index_select(0, rows)  # (num_seqs, hidden), or (len(token_indices), hidden)
         return F.linear(rms_norm(h, self.norm, self.shape.rms_eps), self.lm_head)  # (num_seqs, vocab)

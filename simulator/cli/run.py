@@ -12,6 +12,7 @@ from simulator.cli.output import fresh_out_dir, progress_bar
 
 if TYPE_CHECKING:
     from simulator.results.pools import FleetFigures
+    from simulator.scenario import LoadedScenario
 
 SUMMARY_COLUMNS = (
     ("requests_completed", "done", "{:.0f}"),
@@ -29,16 +30,22 @@ SUMMARY_COLUMNS = (
     ("preemptions", "preempt", "{:.0f}"),
     ("cost_per_mtok_usd", "$/Mtok", "{:.3f}"),
     ("goodput_per_gpu_rps", "good/GPU", "{:.2f}"),
+    ("spec_tokens_per_step", "tok/step", "{:.2f}"),
+    ("spec_acceptance_rate", "accept", "{:.3f}"),
 )
+OPTIONAL_COLUMNS = frozenset({"spec_tokens_per_step", "spec_acceptance_rate"})
+"""Shown only when some variant has them (speculative decoding)."""
 
 
 def format_table(rows: dict[str, dict[str, Any]]) -> str:
     """Variants as rows, the headline metrics as columns."""
-    header = ["variant", *(title for _, title, _ in SUMMARY_COLUMNS)]
+    columns = [c for c in SUMMARY_COLUMNS
+               if c[0] not in OPTIONAL_COLUMNS or any(summary.get(c[0]) is not None for summary in rows.values())]
+    header = ["variant", *(title for _, title, _ in columns)]
     body = []
     for name, summary in rows.items():
         cells = [name]
-        for key, _, fmt in SUMMARY_COLUMNS:
+        for key, _, fmt in columns:
             value = summary.get(key)
             cells.append("-" if value is None else fmt.format(value))
         body.append(cells)
@@ -95,7 +102,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         launcher = "vllm serve" if engine.entry_point == "api_server" else "vLLM's offline LLM class"
         print(f"note: vllm preset on {base_profile.hardware}: {launcher}'s defaults for this GPU, "
               f"max_num_batched_tokens {defaults[0]}, max_num_seqs {defaults[1]}, async scheduling "
-              f"{'off' if engine.async_scheduling is False else 'on'}")
+              f"{'off' if engine.async_scheduling is False else 'on'}"
+              + (" (off where speculative decoding runs)" if _any_speculation(loaded) else ""))
     for variant in result.variants.values():
         if variant.profile.kind != "measured":
             print(f"note: {variant.name}: cost model {variant.profile.label or variant.profile.name}")
@@ -133,3 +141,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     files.add_argument("--summary-only", action="store_true",
                        help="write summary.json alone (sweep workers, scripts: the quickest start and save)")
     p.set_defaults(func=cmd_run)
+
+
+def _any_speculation(loaded: LoadedScenario) -> bool:
+    """Whether a variant runs speculative decoding (which takes synchronous scheduling)."""
+    return any(v.engine.speculative is not None and v.engine.speculative.num_speculative_tokens > 0
+               for v in loaded.variants().values())

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from simulator.core.speculation import Speculation
+
 
 class Batching(StrEnum):
     STATIC = "static"
@@ -100,6 +102,9 @@ class SchedulerConfig:
     vllm-project/vllm 014b235 / 00080ee). Chunked batching with recompute preemption only, as in vLLM v1."""
     role: Role = Role.MIXED
     """mixed (prefill and decode here, the default), or one side of a disaggregated fleet: prefill or decode."""
+    speculation: Speculation | None = None
+    """Speculative decoding (``core.speculation``): each decode is scheduled with its proposals; None = off.
+    Chunked batching and synchronous scheduling only (vLLM v1's scheduler, which this follows)."""
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1:
@@ -111,6 +116,8 @@ class SchedulerConfig:
         if self.async_scheduling and (self.batching is not Batching.CHUNKED
                                       or self.preemption is not Preemption.RECOMPUTE):
             raise ValueError("async_scheduling needs chunked batching and recompute preemption (vLLM v1's)")
+        if self.speculation is not None and (self.async_scheduling or self.batching is not Batching.CHUNKED):
+            raise ValueError("speculation needs chunked batching and synchronous scheduling")
 
     @property
     def prefix_caching(self) -> bool:

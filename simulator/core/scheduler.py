@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 
+from simulator.core import speculation
 from simulator.core.config import Batching, KVPolicy, Preemption, QueuePolicy, Role, SchedulerConfig
 from simulator.core.kv_manager import KVManager, KVStats
 from simulator.core.kv_transfer import KVReceiver, KVSender
@@ -105,6 +106,12 @@ class Scheduler:
         """Decode worker: requests offered by the fleet, waiting for blocks or for their KV to land."""
         self.num_receiving = 0
         """Reserved requests whose KV has not landed: they hold sequence slots (``_admit``)."""
+        self.num_spec_rows = 0
+        """Speculative decoding: rows verified with at least one proposal, over the scheduler's life."""
+        self.num_draft_tokens = 0
+        """Proposals verified (vLLM's ``num_draft_tokens``)."""
+        self.num_accepted_tokens = 0
+        """Proposals accepted (vLLM's ``num_accepted_tokens``)."""
 
     # ----- queue -----------------------------------------------------------------------------------
 
@@ -175,6 +182,8 @@ class Scheduler:
             self._schedule_static(plan)
         if self.config.async_scheduling:
             self._commit(plan)
+        elif self.config.speculation is not None:
+            speculation.mark_proposals(plan)
         return plan
 
     def _commit(self, plan: StepPlan) -> None:
@@ -197,12 +206,16 @@ class Scheduler:
                 sampled.append(False)  # a prompt chunk short of the end
         plan.sampled = sampled
 
-    def update(self, plan: StepPlan, stopped_ids: Collection[int] = ()) -> list[Request]:
+    def update(self, plan: StepPlan, stopped_ids: Collection[int] = (),
+               accepted: Sequence[int] | None = None) -> list[Request]:
         """Account a finished step: computed tokens catch up; a request whose computed tokens reach its
         tokens samples one more; it finishes at its output length (or when the engine says it stopped,
-        e.g. on EOS). Returns the requests that finished, in plan order."""
+        e.g. on EOS). Returns the requests that finished, in plan order. Under speculative decoding,
+        ``accepted`` gives each row's accepted proposals (``_update_speculative``)."""
         if plan.sampled is not None:
             return self._update_async(plan, stopped_ids)
+        if plan.num_spec_tokens is not None:
+            return self._update_speculative(plan, stopped_ids, accepted)
         finished: list[Request] = []
         rows = plan.requests
         rows_new = plan.num_new_tokens
@@ -217,6 +230,44 @@ class Scheduler:
             outputs = request.num_output_tokens + 1
             request.num_output_tokens = outputs
             if outputs >= request.max_output_tokens or (any_stopped and request.request_id in stopped_ids):
+                self._finish(request)
+                finished.append(request)
+                plan.finished_ids.append(request.request_id)
+        if finished:
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        return finished
+
+    def _update_speculative(self, plan: StepPlan, stopped_ids: Collection[int],
+                            accepted: Sequence[int] | None) -> list[Request]:
+        """``update`` of a plan with proposals: a row verified with s proposals of which a were accepted
+        gains 1 + a outputs (the accepted ones and the verifier's own token), and its computed tokens fall
+        back by the s - a rejected (vLLM v1's ``update_from_output``). The slots of rejected proposals stay
+        in its table (see ``core.speculation``)."""
+        spec = plan.num_spec_tokens
+        assert spec is not None
+        rows = plan.requests
+        rows_new = plan.num_new_tokens
+        if accepted is None or len(accepted) != len(rows):
+            raise ValueError(f"plan {plan.step_id} has proposals: update needs the accepted count of each of its "
+                             f"{len(rows)} rows")
+        finished: list[Request] = []
+        for index in range(plan.num_rows()):
+            request = rows[index]
+            num_drafts = spec[index]
+            num_accepted = accepted[index]
+            if not 0 <= num_accepted <= num_drafts:
+                raise ValueError(f"request {request.request_id}: {num_accepted} accepted of {num_drafts} proposals")
+            computed = request.num_computed_tokens + rows_new[index] - (num_drafts - num_accepted)
+            request.num_computed_tokens = computed
+            if computed < request.num_prompt_tokens + request.num_output_tokens:
+                continue  # a prompt chunk that did not reach the end: nothing sampled
+            if num_drafts:
+                self.num_spec_rows += 1
+                self.num_draft_tokens += num_drafts
+                self.num_accepted_tokens += num_accepted
+            outputs = request.num_output_tokens + 1 + num_accepted
+            request.num_output_tokens = outputs
+            if outputs >= request.max_output_tokens or request.request_id in stopped_ids:
                 self._finish(request)
                 finished.append(request)
                 plan.finished_ids.append(request.request_id)
@@ -295,8 +346,9 @@ class Scheduler:
         """
         running = self.running
         cfg = self.config
-        if not running or self.swapped or len(running) > cfg.max_num_batched_tokens or cfg.async_scheduling:
-            return 0
+        if (not running or self.swapped or len(running) > cfg.max_num_batched_tokens or cfg.async_scheduling
+                or cfg.speculation is not None):
+            return 0  # speculation: tokens per step vary with acceptance, so every step goes one by one
         if (self.waiting and cfg.batching is not Batching.STATIC and len(running) < cfg.max_num_seqs
                 and not self._admission_blocked()):
             return 0
@@ -388,12 +440,18 @@ class Scheduler:
         running = self.running
         kv = self.kv  # its method called on it: compiled, a bound method taken out is a generic call
         rows, rows_new, rows_computed = plan.requests, plan.num_new_tokens, plan.num_computed_tokens
+        spec = cfg.speculation
+        num_spec = 0 if spec is None else spec.num_speculative_tokens
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
             computed = request.num_computed_tokens
             placeholders = request.num_output_placeholders
             num_new = request.num_prompt_tokens + request.num_output_tokens + placeholders - computed
+            if num_spec and num_new == 1:
+                # A decode with proposals: slots for them too (vLLM's num_tokens_with_spec), none past the
+                # last output (the verifier samples one token of its own).
+                num_new += min(num_spec, request.max_output_tokens - request.num_output_tokens - 1)
             if placeholders and computed + 2 - placeholders >= request.num_prompt_tokens + request.max_output_tokens:
                 # Async scheduling: the step in flight samples its last token; another step would be wasted
                 # (vllm/v1/core/sched/scheduler.py, the running loop's first check).

@@ -81,6 +81,9 @@ class StepPlan:
     """Async scheduling: per row, whether the step samples a token for it (its computed tokens reach
     its tokens), fixed when the plan is scheduled; None under synchronous scheduling, where ``update``
     reads it off the request."""
+    num_spec_tokens: list[int] | None
+    """Speculative decoding: per row, the proposals scheduled after its one sampled token (its computed
+    tokens run that far past its tokens); None without speculation."""
     _shape: StepShape | None
 
     def __init__(self, step_id: int) -> None:
@@ -94,6 +97,7 @@ class StepPlan:
         self.admitted_ids = []
         self.finished_ids = []
         self.sampled = None
+        self.num_spec_tokens = None
         self._shape = None
 
     def num_rows(self) -> int:

@@ -213,7 +213,7 @@ class CostModel:
         if b == 0:
             return num_swap_tokens * self._swap_per_token * self._factor
         n = num_new_tokens
-        if self._buckets and num_prefill_tokens == 0:
+        if self._buckets and num_prefill_tokens == 0 and n == b:  # a verification step (n > b) is not padded
             padded = self._bucket(b)
             if padded != b:
                 b = n = padded

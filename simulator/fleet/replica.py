@@ -31,6 +31,7 @@ from simulator.core.request import Request, RequestSpec, RequestStatus
 from simulator.core.scheduler import Scheduler
 from simulator.core.step import StepPlan, shape_fields
 from simulator.cost.cost_model import CostModel, StepEnds
+from simulator.cost.speculation import speculative_step_s
 from simulator.fleet.clock import Callback, Clock, Wake
 from simulator.results.request_log import RequestLog
 from simulator.results.series import ReplicaSeries
@@ -90,6 +91,8 @@ class Replica:
         """The step in flight on the step-by-step path, and its time."""
         self._step_s = 0.0
         self._async = config.async_scheduling
+        self._spec = config.speculation
+        """Speculative decoding: steps priced with their drafting, acceptance drawn (``core.speculation``)."""
         self._queued: StepPlan | None = None
         """Async scheduling: the next step, scheduled when the one in flight started (it runs next)."""
         self._run_state: _ActiveRun | None = None
@@ -318,8 +321,11 @@ class Replica:
         log = self.log
         for rid in plan.admitted_ids:
             log.on_scheduled(rid, start)
-        seqs, tokens, decodes, decode_ctx, prefill_tokens, pairs, swap = shape_fields(plan)
-        step_s = self.cost_model.time_of(seqs, tokens, decodes, decode_ctx, prefill_tokens, pairs, swap)
+        if self._spec is None:
+            seqs, tokens, decodes, decode_ctx, prefill_tokens, pairs, swap = shape_fields(plan)
+            step_s = self.cost_model.time_of(seqs, tokens, decodes, decode_ctx, prefill_tokens, pairs, swap)
+        else:
+            step_s, prefill_tokens = speculative_step_s(self.cost_model, plan, self._spec)
         self.num_prefill_tokens += prefill_tokens
         self._plan = plan
         self._step_s = step_s
@@ -335,7 +341,10 @@ class Replica:
         self.num_steps += 1
         self.busy_s += self._step_s
         sampled = plan.sampled
-        finished = scheduler.update(plan)
+        if self._spec is None:
+            finished = scheduler.update(plan)
+        else:  # the simulator's verifier: accepted proposals drawn per row
+            finished = scheduler.update(plan, accepted=self._spec.draw(plan))
         if finished:
             self._publish_load()
         now = self.clock.now()

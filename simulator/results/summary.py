@@ -136,12 +136,19 @@ class Summary:
     kv_waste_mean: float = math.nan
     """Share of allocated KV slots holding no token (reservations ahead of use and partial blocks),
     sampled once per grid point: near 0 for paged allocation, large for contiguous."""
+    spec_tokens_per_step: float = math.nan
+    """Speculative decoding: mean tokens a decode row produced per verification (1 + accepted proposals)."""
+    spec_acceptance_rate: float = math.nan
+    """Speculative decoding: accepted share of the proposals verified."""
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe and deterministic: NaN → None, floats rounded to 6 significant digits."""
+        """JSON-safe and deterministic: NaN → None, floats rounded to 6 significant digits; the
+        speculative decoding figures only where a run had any."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name in _SPECULATIVE and math.isnan(value):
+                continue
             if isinstance(value, bool | int):
                 out[f.name] = value
             else:
@@ -161,6 +168,10 @@ class Summary:
             else:
                 kwargs[f.name] = math.nan if value is None else float(value)
         return cls(**kwargs)
+
+
+_SPECULATIVE = frozenset({"spec_tokens_per_step", "spec_acceptance_rate"})
+"""Figures a summary without speculative decoding leaves out (its summary.json stays as it was)."""
 
 
 def _pct(values: np.ndarray, q: float) -> float:

@@ -40,6 +40,7 @@ SMALL: dict[str, list[str]] = {
     "serve_cpu": ["workload.num_requests=100"],
     "moe": ["workload.num_requests=100"],
     "disaggregation": ["workload.num_requests=100"],
+    "speculative": ["workload.num_requests=100"],
 }
 """Each shipped scenario cut to a size that runs in about a second: the golden runs."""
 
@@ -256,3 +257,23 @@ def test_the_step_traces_say_why() -> None:
     assert aggregated.prefill_step_ms > 5 * aggregated.decode_only_step_ms
     assert aggregated.decode_step_ms > 12 > split.decode_step_ms
     assert split.decode_tokens_with_prefill == 0.0
+
+
+SPECULATIVE = ["off-1rps", "k4-a0.7-1rps", "k4-a0.9-1rps", "off-12rps", "k4-a0.5-12rps", "k4-a0.9-12rps"]
+
+
+@pytest.fixture(scope="module")
+def speculative() -> dict[str, Summary]:
+    return summaries(run(scenario_variants("speculative", SPECULATIVE, [])))
+
+
+def test_speculation_pays_at_low_load_and_stops_paying_at_high_load(speculative: dict[str, Summary]) -> None:
+    low_off, low_spec = speculative["off-1rps"], speculative["k4-a0.7-1rps"]
+    # A few sequences per step: TPOT falls by about the tokens per step (2.77) net of a 4 x 5 % draft.
+    assert 1.8 < low_off.tpot_p50_ms / low_spec.tpot_p50_ms < low_spec.spec_tokens_per_step
+    high_off, high_weak, high_strong = (speculative[n] for n in ("off-12rps", "k4-a0.5-12rps", "k4-a0.9-12rps"))
+    # A large batch is compute-bound: at α = 0.5 the rejected proposals are paid work and TPOT rises.
+    assert high_weak.tpot_p50_ms > high_off.tpot_p50_ms
+    # Even at α = 0.9 the gain shrinks with the batch.
+    low_strong = speculative["k4-a0.9-1rps"]
+    assert high_off.tpot_p50_ms / high_strong.tpot_p50_ms < low_off.tpot_p50_ms / low_strong.tpot_p50_ms
