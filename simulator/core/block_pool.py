@@ -37,7 +37,7 @@ The pool knows nothing about requests or scheduling. Standard library only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
@@ -101,6 +101,8 @@ class BlockPool:
         """With caching and ``unhashed_first``: blocks freed without a hash, the next one handed out last
         (a stack). Nothing can hit them, so they never leave it but by being handed out."""
         self.num_evictions = 0
+        self.on_evict: Callable[[int], None] | None = None
+        """Called with a hash as its last cached copy is evicted (KV tiers take it: ``core.kv_tiers``)."""
 
     @property
     def num_free(self) -> int:
@@ -237,6 +239,8 @@ class BlockPool:
                     del self._copies[block_hash]
             else:
                 del self.cached[block_hash]
+                if self.on_evict is not None:
+                    self.on_evict(block_hash)
         elif copies is not None:
             copies.remove(block_id)
             if not copies:
