@@ -367,13 +367,22 @@ class KVTiers:
         counters.num_loads += 1
         for position in range(n):
             tier = load.tiers[position]
-            self.stores[tier].touch(block_hashes[position])
             counters.num_read_blocks[tier] += 1
             if first_admission:
                 counters.num_hit_blocks[tier] += 1
         if self._count_hits:
             self.count_hits(block_hashes[:n])
         return LoadOp(request_id, tuple(block_ids), tuple(block_hashes[:n]), tuple(load.tiers[:n]), load.load_s)
+
+    def refresh(self, load: TierLoad, block_hashes: Sequence[int], start: int) -> None:
+        """Make the blocks a load will read the most recently used of their tiers, before the admission
+        allocates device blocks (whose evictions move down and could otherwise push them out first).
+        ``block_hashes[start:]`` are the found blocks."""
+        for position in range(load.num_load_blocks):
+            store = self.stores[load.tiers[position]]
+            block_hash = block_hashes[start + position]
+            if block_hash in store:
+                store.touch(block_hash)
 
     def count_hits(self, block_hashes: Sequence[int]) -> None:
         """Hits on these hashes (for hit-count admission; a no-op without such a tier)."""

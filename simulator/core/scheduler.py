@@ -524,7 +524,10 @@ class Scheduler:
                 return
             hits, load, num_new = admission
             num_hit_tokens = len(hits) * self.block_size
-            num_load_tokens = 0 if load is None else load.num_load_blocks * self.block_size
+            num_load_tokens = 0
+            if load is not None and load.num_load_blocks and self.tiers is not None:
+                num_load_tokens = load.num_load_blocks * self.block_size
+                self.tiers.refresh(load, request.block_hashes, len(hits))
             if self.kv.allocate(request, num_load_tokens + num_new, hits, self._reserve_tokens(request)) is None:
                 return
             self.waiting.pop()
