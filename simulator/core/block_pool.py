@@ -103,6 +103,8 @@ class BlockPool:
         self.num_evictions = 0
         self.on_evict: Callable[[int], None] | None = None
         """Called with a hash as its last cached copy is evicted (KV tiers take it: ``core.kv_tiers``)."""
+        self.on_cache: Callable[[int], None] | None = None
+        """Called with a hash as it is first indexed (a store written as blocks are computed takes it)."""
 
     @property
     def num_free(self) -> int:
@@ -411,6 +413,8 @@ class BlockPool:
                     self._copies.setdefault(block_hash, []).append(block_id)
                 else:
                     cached[block_hash] = block_id
+                    if self.on_cache is not None:
+                        self.on_cache(block_hash)
             i += 1
 
     def _compact(self) -> None:

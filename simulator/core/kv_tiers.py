@@ -47,6 +47,9 @@ class TierSource(StrEnum):
     """Takes what the tier above evicts (the device's evictions, for the first tier)."""
     DEVICE = "device"
     """Takes every block the device evicts, as well (a shared store written as soon as the GPU lets go)."""
+    COMPUTE = "compute"
+    """Takes every block as the device computes it (Mooncake's store: other replicas can load a prefix
+    while its owner still holds it)."""
 
 
 class EvictionOrder(Protocol):
@@ -281,6 +284,8 @@ class KVTiers:
         self._count_hits = any(s.spec.min_hits > 0 for s in stores)
         self.host: TierStore | None = next((s for s in stores if s.spec.kind is TierKind.HOST), None)
         """The tier swap preemption takes its room from (the first host tier), if any."""
+        self.written_on_compute = [i for i, s in enumerate(stores) if s.spec.source is TierSource.COMPUTE]
+        """Tiers written as blocks are computed (``on_compute``); the pool calls it only when there are any."""
 
     # ----- eviction -----------------------------------------------------------------------------------
 
@@ -292,6 +297,12 @@ class KVTiers:
         for index in range(1, len(self.stores)):
             if self.stores[index].spec.source is TierSource.DEVICE:
                 self._offer_one(index, block_hash, hits)
+
+    def on_compute(self, block_hash: int) -> None:
+        """The device indexed ``block_hash`` (its KV is being computed): tiers written on compute take it."""
+        hits = self.counters.hit_counts.get(block_hash, 0) if self._count_hits else 0
+        for index in self.written_on_compute:
+            self._offer_one(index, block_hash, hits)
 
     def _offer_from(self, start: int, block_hash: int, hits: int) -> None:
         """Offer to tier ``start``; turned away, to the next; each victim on to the tier below its own."""
@@ -422,7 +433,8 @@ class KVTiers:
         """Broken invariants (none: an empty list). See the module docstring."""
         out: list[str] = []
         top = self.stores[0]
-        if not top.shared and top.num_offered != self.counters.num_device_evictions:
+        evictions = self.counters.num_device_evictions
+        if not top.shared and top.spec.source is TierSource.ABOVE and top.num_offered != evictions:
             out.append(f"tier {top.spec.name}: offered {top.num_offered} != device evictions "
                        f"{self.counters.num_device_evictions}")
         for index, store in enumerate(self.stores):

@@ -118,6 +118,8 @@ class Scheduler:
             raise ValueError(f"tiers of {tiers.block_size}-token blocks on a pool of {self.block_size}-token blocks")
         self.tiers = tiers
         self.kv.pool.on_evict = tiers.on_evict
+        if tiers.written_on_compute:
+            self.kv.pool.on_cache = tiers.on_compute
 
     # ----- queue -----------------------------------------------------------------------------------
 

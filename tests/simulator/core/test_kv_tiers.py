@@ -158,7 +158,8 @@ class TierMachine(RuleBasedStateMachine):
         super().__init__()
         specs = [TierSpec(name="host", capacity_blocks=3), TierSpec(name="disk", kind=TierKind.DISK, capacity_blocks=4,
                                                                      min_hits=1),
-                 TierSpec(name="store", kind=TierKind.REMOTE, capacity_blocks=5, source=TierSource.DEVICE)]
+                 TierSpec(name="store", kind=TierKind.REMOTE, capacity_blocks=5, source=TierSource.DEVICE),
+                 TierSpec(name="pool", kind=TierKind.REMOTE, capacity_blocks=2, source=TierSource.COMPUTE)]
         self.tiers = KVTiers([TierStore(t) for t in specs], LinearCost(bytes_per_s=1e9), block_size=BS)
         self.offered: set[int] = set()
         self.reserved: list[int] = []
@@ -166,6 +167,11 @@ class TierMachine(RuleBasedStateMachine):
     @rule(block_hash=st.integers(0, 12))
     def evict(self, block_hash: int) -> None:
         self.tiers.on_evict(block_hash)
+        self.offered.add(block_hash)
+
+    @rule(block_hash=st.integers(0, 12))
+    def compute(self, block_hash: int) -> None:
+        self.tiers.on_compute(block_hash)
         self.offered.add(block_hash)
 
     @rule(block_hash=st.integers(0, 12))
