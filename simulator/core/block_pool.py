@@ -101,8 +101,9 @@ class BlockPool:
         """With caching and ``unhashed_first``: blocks freed without a hash, the next one handed out last
         (a stack). Nothing can hit them, so they never leave it but by being handed out."""
         self.num_evictions = 0
-        self.on_evict: Callable[[int], None] | None = None
-        """Called with a hash as its last cached copy is evicted (KV tiers take it: ``core.kv_tiers``)."""
+        self.on_evict: Callable[[int, int], None] | None = None
+        """Called with a hash and the block that held it as its last cached copy is evicted, before the
+        block is reused (KV tiers take the hash: ``core.kv_tiers``; a runner may copy the block's bytes)."""
         self.on_cache: Callable[[int], None] | None = None
         """Called with a hash as it is first indexed (a store written as blocks are computed takes it)."""
 
@@ -242,7 +243,7 @@ class BlockPool:
             else:
                 del self.cached[block_hash]
                 if self.on_evict is not None:
-                    self.on_evict(block_hash)
+                    self.on_evict(block_hash, block_id)
         elif copies is not None:
             copies.remove(block_id)
             if not copies:

@@ -289,8 +289,9 @@ class KVTiers:
 
     # ----- eviction -----------------------------------------------------------------------------------
 
-    def on_evict(self, block_hash: int) -> None:
-        """The device's prefix cache let go of ``block_hash``: it moves down."""
+    def on_evict(self, block_hash: int, block_id: int | None = None) -> None:
+        """The device's prefix cache let go of ``block_hash`` (held in device block ``block_id``, which the
+        bookkeeping does not need): it moves down."""
         self.counters.num_device_evictions += 1
         hits = self.counters.hit_counts.get(block_hash, 0) if self._count_hits else 0
         self._offer_from(0, block_hash, hits)
