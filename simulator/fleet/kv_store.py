@@ -125,6 +125,10 @@ def attach_tiers(config: KVTiersConfig, groups: Sequence[TierGroup], replicas: S
                 stores.append(shared)
             tiers = KVTiers(stores, pricing, block_size=group.block_size)
             replica.scheduler.attach_tiers(tiers)
+            if shared is not None:
+                # A decode run applies its steps lazily: another replica could read the store before the
+                # run's evictions and computed blocks reach it. Replicas sharing a store go step by step.
+                replica.fast_path = False
             timing = TierTiming(tiers, replica.scheduler.kv, config.overlap, load_s)
             replica.tier_timing = timing
             timings.append(timing)

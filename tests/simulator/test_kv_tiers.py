@@ -204,3 +204,21 @@ def test_tiers_without_the_prefix_cache_are_refused() -> None:
     raw["kv_tiers"] = {"tiers": [HOST]}
     with pytest.raises(ConfigError, match=r"engine\.prefix_caching"):
         load_mapping(raw)
+
+
+def test_the_fast_path_runs_tiers_exactly_as_step_by_step() -> None:
+    """Decode runs evict blocks (decode tokens fill hashed blocks of a session's next turn) lazily, as their
+    steps are applied: with local tiers the run is still the step-by-step run, to the last figure."""
+    raw = synthetic(2, {"tiers": tiered([{**HOST, "capacity_gib": 0.5}, SSD])})
+    raw["workload"].update({"num_requests": 40, "arrival": {"process": "poisson", "rate_rps": 4.0},
+                            "output_tokens": {"dist": "fixed", "value": 40},
+                            "sessions": {"turns": {"dist": "uniform", "low": 2, "high": 5}, "think_time_s": 2,
+                                         "response_time_estimate_s": 1, "max_context_tokens": 6000},
+                            "system_prompts": {"num_prompts": 6, "tokens": 2048}})
+    raw["engine"]["kv"] = {"num_blocks": 400}
+    fast = run(load_mapping(raw), check=True)
+    slow = run(load_mapping(raw, ["simulation.fast_path=false"]), check=True)
+    tiers = fast.variants["tiers"].tiers
+    assert tiers is not None and tiers.num_loads > 0 and tiers.num_device_evictions > 0
+    assert fast.summary_json() != "" and fast.summary_json().replace('"fast_path": true', '"fast_path": false') \
+        == slow.summary_json()
