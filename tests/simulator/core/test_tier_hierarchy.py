@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from simulator.core.config import Preemption, SchedulerConfig
 from simulator.core.kv_tiers import KVTiers, TierKind, TierSource, TierSpec, TierStore
-from simulator.core.request import RequestSpec
+from simulator.core.request import RequestSpec, RequestStatus
 from simulator.core.scheduler import Scheduler
 
 BS = 16
@@ -202,3 +202,62 @@ class TierMachine(RuleBasedStateMachine):
 
 TestTierMachine = TierMachine.TestCase
 TestTierMachine.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+
+
+tier_configs = st.builds(
+    SchedulerConfig,
+    num_blocks=st.integers(8, 30),
+    block_size=st.sampled_from([2, 4]),
+    preemption=st.sampled_from(list(Preemption)),
+    max_num_seqs=st.integers(1, 6),
+    max_num_batched_tokens=st.integers(8, 48),
+    max_model_len=st.integers(32, 96),
+)
+tier_requests = st.lists(st.tuples(st.integers(2, 40), st.integers(1, 12), st.integers(0, 3)), min_size=1,
+                         max_size=20)
+
+
+@settings(max_examples=120, deadline=None)
+@given(config=tier_configs, reqs=tier_requests, host_blocks=st.integers(0, 12),
+       bandwidth=st.sampled_from([1e3, 1e12]))
+def test_random_streams_through_tiers_lose_nothing(config: SchedulerConfig, reqs: list[tuple[int, int, int]],
+                                                   host_blocks: int, bandwidth: float) -> None:
+    """A bounded host tier over an unbounded disk: every hash the device ever evicted is, at every step, on
+    the device, in a tier, or nowhere only if no tier could keep it (never, with the disk unbounded); tier
+    invariants hold; every request finishes with every output token; blocks are conserved."""
+    tiers = KVTiers([TierStore(TierSpec(name="host", capacity_blocks=host_blocks)),
+                     TierStore(TierSpec(name="disk", kind=TierKind.DISK))],
+                    LinearCost(bytes_per_s=bandwidth), block_size=config.block_size)
+    sched = Scheduler(config)
+    sched.attach_tiers(tiers)
+    evicted: set[int] = set()
+    pool = sched.kv.pool
+
+    def record(block_hash: int, block_id: int) -> None:
+        evicted.add(block_hash)
+        tiers.on_evict(block_hash, block_id)
+
+    pool.on_evict = record
+    bs = config.block_size
+    added = []
+    pending = list(enumerate(reqs))
+    for _ in range(2000):
+        if not pending and not sched.has_work:
+            break
+        if pending:
+            rid, (prompt, output, family) = pending.pop(0)
+            hashes = tuple(family * 100 + i for i in range((prompt + output) // bs))
+            added.append(sched.add_request(RequestSpec(rid, float(rid), prompt, output, block_hashes=hashes)))
+        plan = sched.schedule()
+        for op in plan.loads or ():
+            assert [pool.block_hash(b) for b in op.block_ids] == list(op.block_hashes)  # loaded blocks indexed
+        sched.update(plan)
+        assert not tiers.problems()
+        held = set(pool.cached) | set(tiers.stores[0].hashes()) | set(tiers.stores[1].hashes())
+        assert evicted <= held
+        assert tiers.counters.num_dropped == 0
+        assert pool.num_free + sum(1 for r in pool.ref_cnt if r > 0) == pool.num_blocks
+        assert tiers.host is not None and sched.num_host_blocks_used == tiers.host.num_reserved
+    assert not sched.has_work
+    for request in added:
+        assert request.status is RequestStatus.REJECTED or request.num_output_tokens == request.max_output_tokens
