@@ -83,13 +83,14 @@ def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
                       prepare=prepare if tiers is None else _with_tiers(tiers, prepare))
     _finish_run(scenario, workload, fleet, name=name, check=check)
     profile = setup.profile
+    summary = _summary(scenario, fleet)
     return VariantResult(
         name=name,
         requests=fleet.log,
         series=fleet.series,
-        summary=_summary(scenario, fleet),
+        summary=summary,
         profile=ProfileInfo(name=profile.name, kind=profile.kind.value, label=profile.label),
-        tiers=None if tiers is None else tiers.figures(fleet.log, warmup_s=scenario.simulation.warmup_s,
+        tiers=None if tiers is None else tiers.figures(fleet.log, summary, warmup_s=scenario.simulation.warmup_s,
                                                        end_s=fleet.end_s),
     )
 
@@ -333,7 +334,8 @@ def _simulate_pools(scenario: Scenario, workload: Workload, *, name: str, progre
             profile=pool.setup.profile.name, usd_per_gpu_hour=price, busy_s=[r.busy_s for r in members],
             prefill_tokens=sum(r.num_prefill_tokens for r in members), series=[r.series for r in members]))
     figures = fleet_figures(records, summary, duration_s=fleet.end_s, warmup_s=sim.warmup_s, handoffs=handoff_summary)
-    tier_figures = None if tiers is None else tiers.figures(fleet.log, warmup_s=sim.warmup_s, end_s=fleet.end_s)
+    tier_figures = None if tiers is None else tiers.figures(fleet.log, summary, warmup_s=sim.warmup_s,
+                                                            end_s=fleet.end_s)
     return VariantResult(name=name, requests=fleet.log, series=fleet.series, summary=summary,
                          profile=_pools_profile(pools), fleet=figures, tiers=tier_figures)
 

@@ -67,7 +67,8 @@ def tiers_line(name: str, tiers: TierFigures) -> str:
     hits = ", ".join(f"{place} {rate:.3f}" for place, rate in tiers.hit_rate.items())
     split = tiers.ttft_split_ms
     return (f"kv tiers {name}: prefix hit rate {hits}; {tiers.num_loads} loads, {tiers.num_recomputes} recomputed; "
-            f"TTFT mean queue {split['queue']:.4g} + load {split['load']:.4g} + compute {split['compute']:.4g} ms")
+            f"TTFT mean queue {split['queue']:.4g} + load {split['load']:.4g} + compute {split['compute']:.4g} ms; "
+            f"${tiers.usd_per_hour:.3g}/h of tier capacity, ${tiers.cost_per_mtok_usd:.4g}/Mtok with the GPUs")
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from simulator.core.kv_tiers import EVICTION_POLICIES, TierKind, TierSource, TierSpec
 from simulator.cost.cost_model import CostModel
@@ -50,7 +50,17 @@ class TierConfig(_Frozen):
     min_hits: int = Field(default=0, ge=0)
     """Admission: 0 = every evicted block (write-through on eviction); k = only blocks hit at least k times."""
     source: TierSource = TierSource.ABOVE
-    """above: takes what the tier above evicts; device: every block the GPU evicts, as well."""
+    """above: takes what the tier above evicts; device: every block the GPU evicts, as well; compute: every
+    block as the GPU computes it (a shared store, Mooncake's way)."""
+    usd_per_gib_hour: float = Field(default=0.0, ge=0)
+    """What its capacity costs, $ per GiB-hour (0 = not priced); added to the GPUs' cost per output token."""
+
+    @model_validator(mode="after")
+    def _priced_capacity(self) -> TierConfig:
+        if self.usd_per_gib_hour > 0 and self.capacity_gib is None:
+            raise ValueError("an unbounded tier (no capacity_gib) cannot be priced: give capacity_gib or drop "
+                             "usd_per_gib_hour")
+        return self
 
     @field_validator("eviction")
     @classmethod
@@ -72,7 +82,8 @@ class KVTiersConfig(_Frozen):
     tiers: list[TierConfig] = Field(default_factory=list)
     """Replica-local tiers, top (nearest the GPU) first."""
     shared_store: TierConfig | None = None
-    """A store shared by every replica of the fleet, below the local tiers (Mooncake's KV pool)."""
+    """A store shared by every replica of the fleet, below the local tiers (Mooncake's KV pool); its
+    capacity is the whole store's."""
     overlap: bool = False
     """Loads overlap the step's compute (a step takes the longer of the two) instead of adding to it."""
 
@@ -90,6 +101,12 @@ class KVTiersConfig(_Frozen):
 
     def names(self) -> list[str]:
         return [t.name for t in self.all_tiers()]
+
+    def usd_per_hour(self, num_gpus: int) -> float:
+        """What the tiers' capacity costs an hour on a fleet of ``num_gpus`` GPUs (local tiers are per GPU)."""
+        local = sum((t.capacity_gib or 0.0) * t.usd_per_gib_hour for t in self.tiers) * num_gpus
+        store = self.shared_store
+        return local + (0.0 if store is None else (store.capacity_gib or 0.0) * store.usd_per_gib_hour)
 
 
 def block_bytes(cost: CostModel, block_size: int) -> int:

@@ -25,6 +25,7 @@ from simulator.errors import ConfigError
 from simulator.fleet.replica import Replica
 from simulator.results.kv_tiers import TierFigures, TierReplica, tier_figures
 from simulator.results.request_log import RequestLog
+from simulator.results.summary import Summary
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,5 +158,7 @@ class TierRun:
                                    hit_tokens=timing.hit_tokens, lookup_samples=timing.lookup_tokens))
         return out
 
-    def figures(self, log: RequestLog, *, warmup_s: float, end_s: float) -> TierFigures:
-        return tier_figures(self.config.names(), self.records(), self.load_s, log, warmup_s=warmup_s, end_s=end_s)
+    def figures(self, log: RequestLog, summary: Summary, *, warmup_s: float, end_s: float) -> TierFigures:
+        num_gpus = sum(g.num_replicas * g.cost.profile.tp for g in self.groups)
+        return tier_figures(self.config.names(), self.records(), self.load_s, log, summary,
+                            usd_per_hour=self.config.usd_per_hour(num_gpus), warmup_s=warmup_s, end_s=end_s)

@@ -6,6 +6,7 @@ Data only (the report plots ``TierFigures.rate_series``). Never imports simpy or
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +15,7 @@ import numpy as np
 
 from simulator.core.kv_tiers import KVTiers
 from simulator.results.request_log import RequestLog
-from simulator.results.summary import round_sig
+from simulator.results.summary import Summary, round_sig
 
 
 def ideal_hit_rate(block_hashes: Iterable[Sequence[int]], prompt_tokens: Iterable[int], block_size: int) -> float:
@@ -68,6 +69,10 @@ class TierFigures:
     num_dropped: int
     ttft_split_ms: dict[str, float]
     """Mean over completed measured requests: queue, load, compute (TTFT = their sum)."""
+    usd_per_hour: float
+    """What the tiers' capacity costs an hour (their ``usd_per_gib_hour``; 0 when not priced)."""
+    cost_per_mtok_usd: float
+    """The GPUs' and the tiers' cost per million output tokens (the summary's counts only the GPUs)."""
     rate_series: dict[str, list[float]]
     """``time_s`` and, per place, the hit rate of the prompts admitted in each interval (for the report)."""
 
@@ -83,11 +88,14 @@ class TierFigures:
             "num_device_evictions": self.num_device_evictions,
             "num_dropped": self.num_dropped,
             "ttft_split_ms": {k: round_sig(v) for k, v in self.ttft_split_ms.items()},
+            "usd_per_hour": round_sig(self.usd_per_hour),
+            "cost_per_mtok_usd": round_sig(self.cost_per_mtok_usd),
         }
 
 
-def tier_figures(names: list[str], replicas: Sequence[TierReplica], load_s: dict[int, float], log: RequestLog, *,
-                 warmup_s: float, end_s: float, num_points: int = 40) -> TierFigures:
+def tier_figures(names: list[str], replicas: Sequence[TierReplica], load_s: dict[int, float], log: RequestLog,
+                 summary: Summary, *, usd_per_hour: float, warmup_s: float, end_s: float,
+                 num_points: int = 40) -> TierFigures:
     num_tiers = len(names)
     hit_blocks = [0] * num_tiers
     read = [0] * num_tiers
@@ -122,8 +130,17 @@ def tier_figures(names: list[str], replicas: Sequence[TierReplica], load_s: dict
         written_bytes=dict(zip(names, written, strict=True)), num_loads=loads, num_recomputes=recomputes,
         num_recomputed_blocks=recomputed, num_device_evictions=evictions, num_dropped=dropped,
         ttft_split_ms=ttft_split_ms(log, load_s, warmup_s=warmup_s),
+        usd_per_hour=usd_per_hour, cost_per_mtok_usd=cost_per_mtok_usd(summary, usd_per_hour),
         rate_series=_rate_series(names, replicas, end_s=end_s, num_points=num_points),
     )
+
+
+def cost_per_mtok_usd(summary: Summary, tier_usd_per_hour: float) -> float:
+    """The summary's GPU cost per million output tokens with the tiers' hourly cost over the same duration."""
+    if summary.output_tokens <= 0:
+        return math.nan
+    gpu_usd = summary.gpu_hours * summary.usd_per_gpu_hour
+    return (gpu_usd + tier_usd_per_hour * summary.duration_s / 3600.0) / (summary.output_tokens / 1e6)
 
 
 def ttft_split_ms(log: RequestLog, load_s: dict[int, float], *, warmup_s: float) -> dict[str, float]:

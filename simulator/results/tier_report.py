@@ -52,9 +52,11 @@ def tiers_table(result: RunResult) -> str:
         split = t.ttft_split_ms
         rows.append(f"<tr><th>{html.escape(name)}</th><td>{hits}</td><td>{read}</td><td>{written}</td>"
                     f"<td>{t.num_loads:,} / {t.num_recomputes:,}</td>"
-                    f"<td>{split['queue']:.4g} / {split['load']:.4g} / {split['compute']:.4g}</td></tr>")
+                    f"<td>{split['queue']:.4g} / {split['load']:.4g} / {split['compute']:.4g}</td>"
+                    f"<td>{t.usd_per_hour:.3g}</td><td>{t.cost_per_mtok_usd:.4g}</td></tr>")
     if not rows:
         return ""
     head = ("<tr><th>variant</th><th>hit rate by place</th><th>GB loaded</th><th>GB written</th>"
-            "<th>loads / recomputes</th><th>TTFT queue / load / compute (ms, mean)</th></tr>")
+            "<th>loads / recomputes</th><th>TTFT queue / load / compute (ms, mean)</th><th>tiers $ / h</th>"
+            "<th>$ / M output tokens, GPUs + tiers</th></tr>")
     return f'<h2>KV tiers</h2><table class="summary"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'

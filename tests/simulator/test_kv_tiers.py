@@ -222,3 +222,13 @@ def test_the_fast_path_runs_tiers_exactly_as_step_by_step() -> None:
     assert tiers is not None and tiers.num_loads > 0 and tiers.num_device_evictions > 0
     assert fast.summary_json() != "" and fast.summary_json().replace('"fast_path": true', '"fast_path": false') \
         == slow.summary_json()
+
+
+def test_tier_capacity_is_priced_per_gpu_and_the_store_in_all() -> None:
+    config = KVTiersConfig(tiers=[TierConfig(**{**HOST, "usd_per_gib_hour": 0.01})],
+                           shared_store=TierConfig(**{**STORE, "usd_per_gib_hour": 0.002}))
+    assert config.usd_per_hour(num_gpus=4) == pytest.approx(48 * 0.01 * 4 + 40 * 0.002)
+    raw = synthetic(1, {})
+    raw["kv_tiers"] = {"tiers": [{**UNBOUNDED, "usd_per_gib_hour": 0.01}]}
+    with pytest.raises(ConfigError, match="cannot be priced"):
+        load_mapping(raw)
