@@ -403,6 +403,7 @@ class BlockPool:
         hashes: list[Any] = block_hashes
         hash_of = self._hash_of
         cached: dict[Any, Any] = self.cached
+        on_cache = self.on_cache
         i: i64 = start
         count: i64 = stop
         while i < count:
@@ -414,8 +415,8 @@ class BlockPool:
                     self._copies.setdefault(block_hash, []).append(block_id)
                 else:
                     cached[block_hash] = block_id
-                    if self.on_cache is not None:
-                        self.on_cache(block_hash)
+                    if on_cache is not None:
+                        on_cache(block_hash)
             i += 1
 
     def _compact(self) -> None:

@@ -232,3 +232,15 @@ def test_tier_capacity_is_priced_per_gpu_and_the_store_in_all() -> None:
     raw["kv_tiers"] = {"tiers": [{**UNBOUNDED, "usd_per_gib_hour": 0.01}]}
     with pytest.raises(ConfigError, match="cannot be priced"):
         load_mapping(raw)
+
+
+def test_the_report_shows_the_tiers() -> None:
+    from simulator.results.report import build_figures, render_report
+
+    result = run(load_mapping(synthetic(2, {"none": {}, "store": tiered([HOST], {**STORE, "source": "compute"})})))
+    figures = build_figures(result)
+    assert "kv-tiers-1" in figures and "kv-tiers-0" not in figures
+    assert [trace.name for trace in figures["kv-tiers-1"].data] == ["device", "host", "store"]
+    page = render_report(result)
+    assert "<h2>KV tiers</h2>" in page and 'id="kv-tiers-1"' in page
+    assert '"kv_tiers"' in result.summary_json() and "store" in result.summary_json()
