@@ -244,3 +244,37 @@ def test_the_report_shows_the_tiers() -> None:
     page = render_report(result)
     assert "<h2>KV tiers</h2>" in page and 'id="kv-tiers-1"' in page
     assert '"kv_tiers"' in result.summary_json() and "store" in result.summary_json()
+
+
+def test_overlapped_loads_hide_behind_compute() -> None:
+    """The same loads, added to their steps or overlapped with them: overlapping never lengthens a step, so
+    the load share of TTFT shrinks and TTFT does not grow."""
+    serial_tiers = tiered([{**HOST, "read_gb_s": 8}], {**STORE, "read_gb_s": 8, "source": "compute"})
+    overlap_tiers = {"kv_tiers": {**serial_tiers["kv_tiers"], "overlap": True}}
+    result = run(load_mapping(synthetic(2, {"serial": serial_tiers, "overlap": overlap_tiers})))
+    serial, overlap = result.variants["serial"], result.variants["overlap"]
+    assert serial.tiers is not None and overlap.tiers is not None
+    assert serial.tiers.num_loads == overlap.tiers.num_loads > 0
+    assert overlap.tiers.ttft_split_ms["load"] < serial.tiers.ttft_split_ms["load"]
+    assert overlap.summary.ttft_mean_ms <= serial.summary.ttft_mean_ms
+
+
+def test_the_prefix_aware_router_sees_a_replicas_tiers() -> None:
+    import simpy
+
+    from simulator.fleet.kv_store import attach_tiers
+    from simulator.fleet.replica import Replica
+    from simulator.results.request_log import RequestLog
+    from simulator.results.series import ReplicaSeries
+
+    cost = CostModel(load_profile(PROFILE))
+    replica = Replica(simpy.Environment(), 0, SchedulerConfig(num_blocks=64, block_size=16), cost, RequestLog(1),
+                      ReplicaSeries(0, 1.0))
+    config = KVTiersConfig(tiers=[TierConfig(**HOST)])
+    attach_tiers(config, [TierGroup(model="llama-3-8b", block_size=16, cost=cost, num_replicas=1)], [replica], {})
+    tiers = replica.scheduler.tiers
+    assert tiers is not None
+    for h in (1, 2, 3):
+        tiers.on_evict(h)
+    assert replica.prefix_match_blocks([1, 2, 3, 4]) == 3
+    assert replica.prefix_match_blocks([2, 3]) == 2 and replica.prefix_match_blocks([9, 1]) == 0
