@@ -284,6 +284,9 @@ class KVTiers:
         self._count_hits = any(s.spec.min_hits > 0 for s in stores)
         self.host: TierStore | None = next((s for s in stores if s.spec.kind is TierKind.HOST), None)
         """The tier swap preemption takes its room from (the first host tier), if any."""
+        self.match_weights = [1.0] * len(stores)
+        """What a block held in each tier counts for a prefix-aware router against one on the device (a
+        block there must be loaded first); the fleet sets them."""
         self.written_on_compute = [i for i, s in enumerate(stores) if s.spec.source is TierSource.COMPUTE]
         """Tiers written as blocks are computed (``on_compute``); the pool calls it only when there are any."""
 
@@ -404,10 +407,11 @@ class KVTiers:
         for block_hash in block_hashes:
             counts[block_hash] = counts.get(block_hash, 0) + 1
 
-    def prefix_match_blocks(self, block_hashes: Sequence[int], start: int) -> int:
-        """Blocks from ``start`` on that the tiers hold, in a run (what a prefix-aware router adds to a
-        replica's device match)."""
-        return len(self.find(block_hashes, start, len(block_hashes)))
+    def prefix_match_blocks(self, block_hashes: Sequence[int], start: int) -> float:
+        """Blocks from ``start`` on that the tiers hold, in a run, each counted at its tier's weight in
+        ``match_weights``: what a prefix-aware router adds to a replica's device match."""
+        weights = self.match_weights
+        return sum(weights[tier] for tier in self.find(block_hashes, start, len(block_hashes)))
 
     # ----- swap preemption's room in host memory ------------------------------------------------------
 

@@ -52,6 +52,12 @@ class TierConfig(_Frozen):
     source: TierSource = TierSource.ABOVE
     """above: takes what the tier above evicts; device: every block the GPU evicts, as well; compute: every
     block as the GPU computes it (a shared store, Mooncake's way)."""
+    router_weight: float | None = Field(default=None, ge=0, le=1)
+    """What a prefix block held here counts for the prefix-aware router against one on the GPU; None = 1
+    for a replica's own tier (its blocks are this replica's alone, and a load from it is cheap) and 0.5 for
+    the shared store (every replica sees the same store: counted fully, it would erase a replica's own GPU
+    hits; at 0.5 a replica holding a prefix on its GPU ranks above one that must load it, and that one above
+    one that must compute it)."""
     usd_per_gib_hour: float = Field(default=0.0, ge=0)
     """What its capacity costs, $ per GiB-hour (0 = not priced); added to the GPUs' cost per output token."""
 
@@ -101,6 +107,14 @@ class KVTiersConfig(_Frozen):
 
     def names(self) -> list[str]:
         return [t.name for t in self.all_tiers()]
+
+    def router_weights(self) -> list[float]:
+        """Each tier's ``router_weight``, defaults resolved (the hierarchy's order)."""
+        local = [1.0 if t.router_weight is None else t.router_weight for t in self.tiers]
+        store = self.shared_store
+        if store is None:
+            return local
+        return [*local, 0.5 if store.router_weight is None else store.router_weight]
 
     def usd_per_hour(self, num_gpus: int) -> float:
         """What the tiers' capacity costs an hour on a fleet of ``num_gpus`` GPUs (local tiers are per GPU)."""

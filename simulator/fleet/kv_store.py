@@ -125,6 +125,7 @@ def attach_tiers(config: KVTiersConfig, groups: Sequence[TierGroup], replicas: S
             if shared is not None:
                 stores.append(shared)
             tiers = KVTiers(stores, pricing, block_size=group.block_size)
+            tiers.match_weights = config.router_weights()
             replica.scheduler.attach_tiers(tiers)
             if shared is not None:
                 # A decode run applies its steps lazily: another replica could read the store before the

@@ -128,7 +128,7 @@ class Replica:
         pool = self.scheduler.kv.pool
         return pool.num_used / pool.num_blocks
 
-    def prefix_match_blocks(self, block_hashes: Sequence[int]) -> int:
+    def prefix_match_blocks(self, block_hashes: Sequence[int]) -> float:
         self.sync()
         n = self.scheduler.kv.prefix_match_blocks(block_hashes)
         tiers = self.scheduler.tiers

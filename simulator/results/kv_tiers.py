@@ -75,6 +75,13 @@ class TierFigures:
     """The GPUs' and the tiers' cost per million output tokens (the summary's counts only the GPUs)."""
     rate_series: dict[str, list[float]]
     """``time_s`` and, per place, the hit rate of the prompts admitted in each interval (for the report)."""
+    load_s: dict[int, float]
+    """Request id -> seconds its loads from tiers added to its steps (the requests table's ``load_ms``)."""
+
+    def load_ms(self, request_ids: np.ndarray) -> np.ndarray:
+        """Each request's load milliseconds (0 for none), in the order of ``request_ids``."""
+        load = self.load_s
+        return np.array([load.get(int(rid), 0.0) * 1e3 for rid in request_ids], dtype=np.float64)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -131,7 +138,7 @@ def tier_figures(names: list[str], replicas: Sequence[TierReplica], load_s: dict
         num_recomputed_blocks=recomputed, num_device_evictions=evictions, num_dropped=dropped,
         ttft_split_ms=ttft_split_ms(log, load_s, warmup_s=warmup_s),
         usd_per_hour=usd_per_hour, cost_per_mtok_usd=cost_per_mtok_usd(summary, usd_per_hour),
-        rate_series=_rate_series(names, replicas, end_s=end_s, num_points=num_points),
+        rate_series=_rate_series(names, replicas, end_s=end_s, num_points=num_points), load_s=dict(load_s),
     )
 
 

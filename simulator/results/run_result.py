@@ -90,13 +90,16 @@ class RunResult:
 
     def requests_df(self, variant: str | None = None) -> pd.DataFrame:
         """One row per request of ``variant`` (all variants when None) with a leading ``variant`` column
-        and derived ``queue_ms``, ``ttft_ms``, ``tpot_ms``, ``e2e_ms``."""
+        and derived ``queue_ms``, ``ttft_ms``, ``tpot_ms``, ``e2e_ms`` (and ``load_ms``, the time its loads
+        from KV tiers added, where a variant has tiers)."""
         import pandas as pd  # not at import: a summary-only run never builds a frame
 
         frames = []
         for v in self._select(variant):
             frame = v.requests.to_frame()
             frame.insert(0, "variant", v.name)
+            if v.tiers is not None:  # the load share of TTFT (its queue and compute shares follow from it)
+                frame["load_ms"] = v.tiers.load_ms(frame["request_id"].to_numpy())
             frames.append(frame)
         return pd.concat(frames, ignore_index=True)
 

@@ -244,6 +244,13 @@ def test_the_report_shows_the_tiers() -> None:
     page = render_report(result)
     assert "<h2>KV tiers</h2>" in page and 'id="kv-tiers-1"' in page
     assert '"kv_tiers"' in result.summary_json() and "store" in result.summary_json()
+    frame = result.requests_df()
+    loads = frame.groupby("variant")["load_ms"]
+    assert loads.sum()["store"] > 0 and loads.count()["none"] == 0  # the untiered variant has no load column
+    store = frame[frame["variant"] == "store"]
+    tiers = result.variants["store"].tiers
+    assert tiers is not None
+    assert store["load_ms"].sum() == pytest.approx(sum(tiers.load_s.values()) * 1e3)
 
 
 def test_overlapped_loads_hide_behind_compute() -> None:
@@ -270,11 +277,14 @@ def test_the_prefix_aware_router_sees_a_replicas_tiers() -> None:
     cost = CostModel(load_profile(PROFILE))
     replica = Replica(simpy.Environment(), 0, SchedulerConfig(num_blocks=64, block_size=16), cost, RequestLog(1),
                       ReplicaSeries(0, 1.0))
-    config = KVTiersConfig(tiers=[TierConfig(**HOST)])
+    config = KVTiersConfig(tiers=[TierConfig(**{**HOST, "router_weight": 0.5})])
     attach_tiers(config, [TierGroup(model="llama-3-8b", block_size=16, cost=cost, num_replicas=1)], [replica], {})
     tiers = replica.scheduler.tiers
     assert tiers is not None
     for h in (1, 2, 3):
         tiers.on_evict(h)
-    assert replica.prefix_match_blocks([1, 2, 3, 4]) == 3
-    assert replica.prefix_match_blocks([2, 3]) == 2 and replica.prefix_match_blocks([9, 1]) == 0
+    # Each block in the host tier counts at its router_weight (here 0.5) against one on the GPU.
+    assert replica.prefix_match_blocks([1, 2, 3, 4]) == 1.5
+    assert replica.prefix_match_blocks([2, 3]) == 1.0 and replica.prefix_match_blocks([9, 1]) == 0
+    # By default a replica's own tier counts fully and the store every replica shares at half.
+    assert KVTiersConfig(tiers=[TierConfig(**HOST)], shared_store=TierConfig(**STORE)).router_weights() == [1.0, 0.5]
