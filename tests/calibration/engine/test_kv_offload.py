@@ -21,10 +21,11 @@ SEED = 1
 PREFIX = (101, 102, 103, 104)
 
 
-def run_three(tiers: KVTiers | None) -> Engine:
+def run_three(tiers: KVTiers | None, *, async_scheduling: bool = False) -> Engine:
     """Request 0 computes a 4-block prefix; request 1 (other blocks) needs the rest of the 12-block pool and
     evicts it; request 2 repeats request 0's prompt."""
-    engine = Engine(TINY, SchedulerConfig(num_blocks=12, block_size=BLOCK_SIZE), seed=SEED, kv_tiers=tiers)
+    config = SchedulerConfig(num_blocks=12, block_size=BLOCK_SIZE, async_scheduling=async_scheduling)
+    engine = Engine(TINY, config, seed=SEED, kv_tiers=tiers)
     engine.add_request(RequestSpec(0, 0.0, 17, 3, block_hashes=PREFIX))
     engine.run()
     engine.add_request(RequestSpec(1, 1.0, 45, 3, block_hashes=tuple(range(200, 211))))
@@ -67,3 +68,13 @@ def test_a_tier_written_on_compute_is_refused() -> None:
                     block_size=BLOCK_SIZE)
     with pytest.raises(ValueError, match="on compute"):
         Engine(TINY, SchedulerConfig(num_blocks=12, block_size=BLOCK_SIZE), seed=SEED, kv_tiers=tiers)
+
+
+def test_async_scheduling_loads_the_plan_it_queued() -> None:
+    """Under async scheduling a plan's loads run a step after it was scheduled: the host copies it reads are
+    kept until then, and the tokens still equal recompute's."""
+    tiers = host_tiers()
+    offloaded = run_three(tiers, async_scheduling=True)
+    assert tiers.counters.num_loads == 1 and offloaded.host_blocks is not None
+    assert offloaded.host_blocks.num_loaded == 4
+    assert offloaded.outputs == run_three(None, async_scheduling=True).outputs
