@@ -10,9 +10,11 @@ At admission the prefix lookup continues past the device's hits into the tiers (
 run of blocks found there may be loaded back (into fresh device blocks, priced by the tiers' links) or
 recomputed. The choice is the one that finishes the prompt soonest according to a cost callback
 (``TierCost``): loading the first m found blocks costs ``load_s`` for them plus prefilling the rest from
-there; m is tried at every boundary between tiers (within a run from one tier the load time is linear in
-m and the prefill time concave, so the best m sits at a boundary). The scheduler commits the plan only
-when the request is admitted (``KVTiers.commit``).
+there; m is tried at every boundary between tiers, so a tier's run of blocks is loaded whole or not at all
+(one cost evaluation per tier touched, not per block: a 32k-token prompt has 2,000 blocks). Within a run
+the load time grows linearly with m while the prefill saved shrinks; where a cost model has a knee (a
+prefill below it costs as much as at it) the best m can lie inside a run, which this does not search. The
+scheduler commits the plan only when the request is admitted (``KVTiers.commit``).
 
 Invariants (``KVTiers.problems``; tested by a hypothesis state machine):
 - a tier holds each hash at most once, and never more than its capacity (swap reservations included);
@@ -360,7 +362,7 @@ class KVTiers:
         for m in range(1, len(found) + 1):
             counts[found[m - 1]] += 1
             if m < len(found) and found[m] == found[m - 1]:
-                continue  # not a boundary between tiers: the best m is never inside a run
+                continue  # not a boundary between tiers (runs load whole or not at all)
             load_s = cost.load_s(counts)
             computed = base + m * bs
             total = load_s + cost.prefill_s(computed, num_prompt_tokens - computed)
