@@ -161,5 +161,7 @@ class TierRun:
 
     def figures(self, log: RequestLog, summary: Summary, *, warmup_s: float, end_s: float) -> TierFigures:
         num_gpus = sum(g.num_replicas * g.cost.profile.tp for g in self.groups)
+        write_Bps = [t.write_gb_s * 1e9 * num_gpus for t in self.config.all_tiers()]
         return tier_figures(self.config.names(), self.records(), self.load_s, log, summary,
-                            usd_per_hour=self.config.usd_per_hour(num_gpus), warmup_s=warmup_s, end_s=end_s)
+                            usd_per_hour=self.config.usd_per_hour(num_gpus), write_Bps=write_Bps,
+                            warmup_s=warmup_s, end_s=end_s)

@@ -62,6 +62,10 @@ class TierFigures:
     """Per tier: bytes loaded into GPU memory (re-admissions included)."""
     written_bytes: dict[str, int]
     """Per tier: bytes stored into it."""
+    write_busy: dict[str, float]
+    """Per tier: the share of the run its write links spent writing (bytes / (write bandwidth x GPUs x
+    duration)). Writes are not charged to steps (they leave asynchronously); above 1 the links could not
+    have kept up, and the run is optimistic."""
     num_loads: int
     num_recomputes: int
     num_recomputed_blocks: int
@@ -89,6 +93,7 @@ class TierFigures:
             "hit_rate": {k: round_sig(v) for k, v in self.hit_rate.items()},
             "read_bytes": self.read_bytes,
             "written_bytes": self.written_bytes,
+            "write_busy": {k: round_sig(v) for k, v in self.write_busy.items()},
             "num_loads": self.num_loads,
             "num_recomputes": self.num_recomputes,
             "num_recomputed_blocks": self.num_recomputed_blocks,
@@ -101,8 +106,9 @@ class TierFigures:
 
 
 def tier_figures(names: list[str], replicas: Sequence[TierReplica], load_s: dict[int, float], log: RequestLog,
-                 summary: Summary, *, usd_per_hour: float, warmup_s: float, end_s: float,
-                 num_points: int = 40) -> TierFigures:
+                 summary: Summary, *, usd_per_hour: float, write_Bps: Sequence[float], warmup_s: float,
+                 end_s: float, num_points: int = 40) -> TierFigures:
+    """``write_Bps``: each tier's write bandwidth over the whole fleet (per GPU x GPUs)."""
     num_tiers = len(names)
     hit_blocks = [0] * num_tiers
     read = [0] * num_tiers
@@ -134,7 +140,9 @@ def tier_figures(names: list[str], replicas: Sequence[TierReplica], load_s: dict
     rate["total"] = (device + sum(hit_blocks)) / lookups if lookups else 0.0
     return TierFigures(
         names=names, hit_rate=rate, read_bytes=dict(zip(names, read, strict=True)),
-        written_bytes=dict(zip(names, written, strict=True)), num_loads=loads, num_recomputes=recomputes,
+        written_bytes=dict(zip(names, written, strict=True)),
+        write_busy={name: w / (bw * end_s) for name, w, bw in zip(names, written, write_Bps, strict=True)},
+        num_loads=loads, num_recomputes=recomputes,
         num_recomputed_blocks=recomputed, num_device_evictions=evictions, num_dropped=dropped,
         ttft_split_ms=ttft_split_ms(log, load_s, warmup_s=warmup_s),
         usd_per_hour=usd_per_hour, cost_per_mtok_usd=cost_per_mtok_usd(summary, usd_per_hour),

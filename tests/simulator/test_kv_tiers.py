@@ -251,6 +251,12 @@ def test_the_report_shows_the_tiers() -> None:
     tiers = result.variants["store"].tiers
     assert tiers is not None
     assert store["load_ms"].sum() == pytest.approx(sum(tiers.load_s.values()) * 1e3)
+    # The store took every block once, as computed: the document's 128 and each of the 8 requests' own 4 (64
+    # tokens), 2 MiB each, written over 2 GPUs' 12 GB/s links.
+    written = (128 + 8 * 4) * 2 * 2**20
+    assert tiers.written_bytes["store"] == written
+    duration_s = result.variants["store"].summary.duration_s
+    assert tiers.write_busy["store"] == pytest.approx(written / (2 * 12e9 * duration_s))
 
 
 def test_overlapped_loads_hide_behind_compute() -> None:
