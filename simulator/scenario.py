@@ -315,8 +315,7 @@ def load_mapping(raw: dict[str, Any], overrides: list[str] | tuple[str, ...] = (
                 resolve_pools(sc)
             check_memory(sc)
             check_hash_ring(sc)
-            if sc.kv_tiers is not None:
-                tier_groups(sc)
+            tier_groups(sc)
         except ConfigError as err:  # name the file (and the variant) the impossible setting came from
             prefix = f"variants.{name}" if scenario.variants else ""
             field = ".".join(p for p in (prefix, err.field) if p) or None
@@ -695,7 +694,11 @@ def link_transfer(scenario: Scenario, prefill: ResolvedPool, decode: ResolvedPoo
 
 def tier_groups(scenario: Scenario) -> list[TierGroup]:
     """The replicas KV tiers attach to, by model and block size (one group per pool); checks that tiers can
-    attach (a prefix cache on every replica, one model and block size where a store is shared)."""
+    attach (a prefix cache on every replica, one model and block size where a store is shared); none without
+    a ``kv_tiers`` section."""
+    config = scenario.kv_tiers
+    if config is None:
+        return []
     if scenario.fleet.pools is None:
         setups = [(resolve_replica(scenario), scenario.fleet.replicas, "engine.prefix_caching")]
     else:
@@ -709,8 +712,7 @@ def tier_groups(scenario: Scenario) -> list[TierGroup]:
         groups.append(TierGroup(model=setup.profile.model, block_size=setup.scheduler.block_size,
                                 cost=CostModel(setup.profile, factor=scenario.simulation.cost_factor),
                                 num_replicas=replicas))
-    assert scenario.kv_tiers is not None
-    check_groups(scenario.kv_tiers, groups)
+    check_groups(config, groups)
     return groups
 
 
