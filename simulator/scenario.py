@@ -22,9 +22,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from simulator import yaml_text
 from simulator.core.config import Batching, KVPolicy, Preemption, QueuePolicy, Role, SchedulerConfig
 from simulator.core.presets import PRESETS
+from simulator.cost.cost_model import CostModel
 from simulator.cost.dtypes import KvDtype, WeightDtype
 from simulator.cost.engines import host_coefficients
 from simulator.cost.kv_pool import serve_defaults
+from simulator.cost.kv_tiers import KVTiersConfig
 from simulator.cost.link import TransferModel, get_link, transfer_model
 from simulator.cost.moe import Routing
 from simulator.cost.profile import Profile, config_error_from_validation, get_accelerator, list_profiles, load_profile
@@ -32,6 +34,7 @@ from simulator.cost.reprice import at_dtypes
 from simulator.cost.speculation import SpeculativeConfig
 from simulator.errors import ConfigError
 from simulator.fleet.disaggregation import DisaggregationConfig
+from simulator.fleet.kv_store import TierGroup, check_groups
 from simulator.fleet.router import RouterConfig
 from simulator.results.summary import SLO, CostConfig
 from simulator.workload.config import WorkloadConfig
@@ -235,6 +238,9 @@ class Scenario(_Section):
     """How prefill and decode pools hand a request over (the link, streaming or not, where the first
     token comes from, the two routers); None = the defaults, where ``fleet.pools`` has prefill and decode
     pools."""
+    kv_tiers: KVTiersConfig | None = None
+    """KV tiers below every replica's GPU pool (host, disk) and a store shared by the replicas; None = none
+    (an evicted prefix block is gone)."""
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Named overrides of the sections above, run side by side on the identical request stream."""
 
@@ -322,6 +328,7 @@ def load_mapping(raw: dict[str, Any], overrides: list[str] | tuple[str, ...] = (
                 resolve_pools(sc)
             check_memory(sc)
             check_hash_ring(sc)
+            tier_groups(sc)
         except ConfigError as err:  # name the file (and the variant) the impossible setting came from
             prefix = f"variants.{name}" if scenario.variants else ""
             field = ".".join(p for p in (prefix, err.field) if p) or None
@@ -746,6 +753,30 @@ def client_path(scenario: Scenario, profiles: list[Profile]) -> ClientPath:
                               f"milliseconds", field=f"network.{name}")
         values[name] = float(getattr(next(iter(figures)), name))
     return ClientPath(latency_s=values["latency_ms"] / 1000.0, flush_interval_s=values["flush_interval_ms"] / 1000.0)
+
+
+def tier_groups(scenario: Scenario) -> list[TierGroup]:
+    """The replicas KV tiers attach to, by model and block size (one group per pool); checks that tiers can
+    attach (a prefix cache on every replica, one model and block size where a store is shared); none without
+    a ``kv_tiers`` section."""
+    config = scenario.kv_tiers
+    if config is None:
+        return []
+    if scenario.fleet.pools is None:
+        setups = [(resolve_replica(scenario), scenario.fleet.replicas, "engine.prefix_caching")]
+    else:
+        setups = [(pool.setup, pool.replicas, f"fleet.pools.{pool.name}.engine.prefix_caching")
+                  for pool in resolve_pools(scenario)]
+    groups = []
+    for setup, replicas, where in setups:
+        if not setup.scheduler.prefix_caching:
+            raise ConfigError("KV tiers hold evicted prefix-cache blocks: they need the prefix cache on "
+                              "(and a paged or reserve KV policy)", field=where)
+        groups.append(TierGroup(model=setup.profile.model, block_size=setup.scheduler.block_size,
+                                cost=CostModel(setup.profile, factor=scenario.simulation.cost_factor),
+                                num_replicas=replicas))
+    check_groups(config, groups)
+    return groups
 
 
 def fleet_block_size(scenario: Scenario) -> int:

@@ -7,7 +7,7 @@ the seed, the arrivals and the lengths; only what a variant overrides differs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -19,6 +19,7 @@ from simulator.cost.profile import get_accelerator
 from simulator.cost.speed import relative_speeds
 from simulator.errors import ConfigError
 from simulator.fleet.fleet import FleetRun, FleetSetup, InspectFn, ProgressFn, run_fleet
+from simulator.fleet.kv_store import TierRun
 from simulator.fleet.pooled import PooledSetup, PoolGroup, run_pooled_fleet
 from simulator.fleet.replica import Replica
 from simulator.results.handoffs import handoff_figures
@@ -41,6 +42,7 @@ from simulator.scenario import (
     resolve_pools,
     resolve_replica,
     scenario_record,
+    tier_groups,
 )
 from simulator.workload.generate import generate
 from simulator.workload.workload import Workload
@@ -79,17 +81,38 @@ def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
     setup = resolve_replica(scenario)
     fleet_settings = fleet_setup(scenario, setup)
     check_sample_grid(scenario, workload, fleet_settings.cost)
-    fleet = run_fleet(fleet_settings, workload, name=name, progress=progress, inspect=inspect, prepare=prepare)
+    tiers = _tier_run(scenario)
+    fleet = run_fleet(fleet_settings, workload, name=name, progress=progress, inspect=inspect,
+                      prepare=prepare if tiers is None else _with_tiers(tiers, prepare))
     _finish_run(scenario, workload, fleet, name=name, check=check,
                 client=client_path(scenario, [setup.profile]))
     profile = setup.profile
+    summary = _summary(scenario, fleet)
     return VariantResult(
         name=name,
         requests=fleet.log,
         series=fleet.series,
-        summary=_summary(scenario, fleet),
+        summary=summary,
         profile=ProfileInfo(name=profile.name, kind=profile.kind.value, label=profile.label),
+        tiers=None if tiers is None else tiers.figures(fleet.log, summary, warmup_s=scenario.simulation.warmup_s,
+                                                       end_s=fleet.end_s),
     )
+
+
+def _tier_run(scenario: Scenario) -> TierRun | None:
+    """The variant's KV tiers, to attach to its replicas (None without a ``kv_tiers`` section)."""
+    return None if scenario.kv_tiers is None else TierRun(scenario.kv_tiers, tier_groups(scenario))
+
+
+def _with_tiers(tiers: TierRun, prepare: InspectFn | None) -> InspectFn:
+    """``prepare`` preceded by attaching the tiers to the replicas."""
+
+    def prepare_with_tiers(name: str, replicas: Sequence[Replica]) -> None:
+        tiers.prepare(replicas)
+        if prepare is not None:
+            prepare(name, replicas)
+
+    return prepare_with_tiers
 
 
 MAX_SAMPLE_POINTS = 10_000_000
@@ -183,6 +206,7 @@ def replica_end(replica: Replica, handoff: Mapping[int, int] | None = None) -> R
         ref_counts=list(pool.ref_cnt), table_refs=table_refs, num_blocks=pool.num_blocks,
         num_used_blocks=pool.num_used, host_blocks_used=scheduler.num_host_blocks_used,
         host_blocks_expected=sum(-(-r.num_swapped_tokens // block_size) for r in scheduler.swapped),
+        tier_problems=() if scheduler.tiers is None else tuple(scheduler.tiers.problems()),
     )
 
 
@@ -284,6 +308,9 @@ def _simulate_pools(scenario: Scenario, workload: Workload, *, name: str, progre
     costs = [CostModel(pool.setup.profile, factor=sim.cost_factor) for pool in pools]
     speeds = _speeds(pools, costs)
     handoffs = coordinator = None
+    tiers = _tier_run(scenario)
+    if tiers is not None:
+        prepare = _with_tiers(tiers, prepare)
     if len(pools) == 1 and pools[0].role is Role.MIXED:
         only = pool_scenario(scenario, pools[0].name)
         fleet = run_fleet(fleet_setup(only, pools[0].setup), workload, name=name, progress=progress, inspect=inspect,
@@ -322,8 +349,10 @@ def _simulate_pools(scenario: Scenario, workload: Workload, *, name: str, progre
             profile=pool.setup.profile.name, usd_per_gpu_hour=price, busy_s=[r.busy_s for r in members],
             prefill_tokens=sum(r.num_prefill_tokens for r in members), series=[r.series for r in members]))
     figures = fleet_figures(records, summary, duration_s=fleet.end_s, warmup_s=sim.warmup_s, handoffs=handoff_summary)
+    tier_figures = None if tiers is None else tiers.figures(fleet.log, summary, warmup_s=sim.warmup_s,
+                                                            end_s=fleet.end_s)
     return VariantResult(name=name, requests=fleet.log, series=fleet.series, summary=summary,
-                         profile=_pools_profile(pools), fleet=figures)
+                         profile=_pools_profile(pools), fleet=figures, tiers=tier_figures)
 
 
 def _speeds(pools: list[ResolvedPool], costs: list[CostModel]) -> list[float]:

@@ -32,9 +32,11 @@ import torch
 
 from calibration.engine.attention import ScheduledSeq
 from calibration.engine.configs import ModelShape
+from calibration.engine.kv_offload import HostKVBlocks
 from calibration.engine.runner import ModelRunner
 from calibration.engine.speculative import SelfDraft, SpecStepStats, sync, verify
 from simulator.core.config import SchedulerConfig
+from simulator.core.kv_tiers import KVTiers
 from simulator.core.request import Request, RequestSpec, RequestStatus
 from simulator.core.scheduler import Scheduler
 from simulator.core.step import StepPlan, StepShape
@@ -105,7 +107,7 @@ class StepRecord:
     device_s: float
     """Forward plus sampling on the device (CUDA events on a GPU, the wall clock on CPU); 0 with no forward."""
     swap_s: float
-    """Wall clock of the step's swap copies (synchronous), 0 with none."""
+    """Wall clock of the step's swap copies and KV-tier loads (synchronous), 0 with none."""
     cycle_s: float
     """Wall clock of the whole step: schedule, swaps, input preparation, forward, sampling, update."""
 
@@ -131,10 +133,13 @@ class Engine:
         eos_token_id: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
         draft_layers: int | None = None,
+        kv_tiers: KVTiers | None = None,
     ) -> None:
         """``eos_token_id`` stops requests added with ``ignore_eos=False`` early; others always produce
         exactly their spec's output_tokens (vLLM's benchmark behaviour). ``draft_layers``: speculative
-        decoding (``config.speculation``) with the model's first that many layers as the drafter."""
+        decoding (``config.speculation``) with the model's first that many layers as the drafter.
+        ``kv_tiers``: the core's tiers below the device pool, whose blocks this engine keeps in host memory
+        (``kv_offload``)."""
         self.config = config
         self.scheduler = Scheduler(config)
         self.runner = ModelRunner(
@@ -163,6 +168,12 @@ class Engine:
         """Swap-out handles of swapped requests."""
         self._queued: StepPlan | None = None
         """Async scheduling: the plan scheduled during the last step, run by the next one."""
+        self.host_blocks: HostKVBlocks | None = None
+        """With ``kv_tiers``: the host copies of evicted blocks (offloaded on eviction, loaded on a hit)."""
+        if kv_tiers is not None:
+            self.scheduler.attach_tiers(kv_tiers)
+            self.host_blocks = HostKVBlocks(kv_tiers, self.runner.swap_out, self.runner.swap_in)
+            self.scheduler.kv.pool.on_evict = self.host_blocks.on_evict
 
     def now(self) -> float:
         """Seconds on the engine clock."""
@@ -261,6 +272,10 @@ class Engine:
         plan = self._queued if asynchronous and self._queued is not None else scheduler.schedule()
         self._queued = None
         swap_s = self._swap(plan)
+        if self.host_blocks is not None:
+            load_start = self._clock()
+            self.host_blocks.load(plan)
+            swap_s += self._clock() - load_start
         if plan.num_spec_tokens is not None:
             record = self._step_speculative(plan, start, swap_s)
             self.records.append(record)
@@ -292,6 +307,8 @@ class Engine:
         finished = scheduler.update(plan, stopped)
         for request in finished:
             self._forget(request.request_id)
+        if self.host_blocks is not None:
+            self.host_blocks.prune((self._queued,))
         record = self._record(plan, events, start, device_s, swap_s)
         self.records.append(record)
         return record

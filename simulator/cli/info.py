@@ -20,6 +20,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 def cmd_policies(args: argparse.Namespace) -> int:
     from simulator.core.config import Batching, KVPolicy, Preemption, QueuePolicy, Role
+    from simulator.core.kv_tiers import EVICTION_POLICIES, TierKind, TierSource
     from simulator.core.presets import PRESETS
     from simulator.cost.link import load_links
     from simulator.fleet.disaggregation import FirstToken, TransferMode
@@ -36,6 +37,9 @@ def cmd_policies(args: argparse.Namespace) -> int:
         "kv link": list(load_links()),
         "kv transfer": [t.value for t in TransferMode],
         "first token": [f.value for f in FirstToken],
+        "tier eviction": list(EVICTION_POLICIES),
+        "tier kind": [k.value for k in TierKind],
+        "tier source": [s.value for s in TierSource],
     }
     from simulator.workload.arrival import ARRIVAL_PROCESSES
     from simulator.workload.lengths import LENGTH_DISTRIBUTIONS

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from simulator.cli.output import fresh_out_dir, progress_bar
 
 if TYPE_CHECKING:
+    from simulator.results.kv_tiers import TierFigures
     from simulator.results.pools import FleetFigures
     from simulator.scenario import LoadedScenario
 
@@ -68,6 +69,15 @@ def pools_line(name: str, fleet: FleetFigures) -> str:
     return line
 
 
+def tiers_line(name: str, tiers: TierFigures) -> str:
+    """One line of a variant's KV-tier figures: hit rate by place, loads and recomputes, the TTFT split."""
+    hits = ", ".join(f"{place} {rate:.3f}" for place, rate in tiers.hit_rate.items())
+    split = tiers.ttft_split_ms
+    return (f"kv tiers {name}: prefix hit rate {hits}; {tiers.num_loads} loads, {tiers.num_recomputes} recomputed; "
+            f"TTFT mean queue {split['queue']:.4g} + load {split['load']:.4g} + compute {split['compute']:.4g} ms; "
+            f"${tiers.usd_per_hour:.3g}/h of tier capacity, ${tiers.cost_per_mtok_usd:.4g}/Mtok with the GPUs")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from simulator.results.run_folder import RunFiles, check_writable, save_run
     from simulator.results.summary import goodput_per_gpu
@@ -95,6 +105,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for variant in result.variants.values():
         if variant.fleet is not None and len(variant.fleet.pools) > 1:
             print(pools_line(variant.name, variant.fleet))
+        if variant.tiers is not None:
+            print(tiers_line(variant.name, variant.tiers))
     base_profile = pick_profile(loaded.scenario.fleet)
     defaults = vllm_gpu_defaults(loaded.scenario, base_profile)
     if defaults is not None:

@@ -37,7 +37,7 @@ The pool knows nothing about requests or scheduling. Standard library only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
@@ -101,6 +101,11 @@ class BlockPool:
         """With caching and ``unhashed_first``: blocks freed without a hash, the next one handed out last
         (a stack). Nothing can hit them, so they never leave it but by being handed out."""
         self.num_evictions = 0
+        self.on_evict: Callable[[int, int], None] | None = None
+        """Called with a hash and the block that held it as its last cached copy is evicted, before the
+        block is reused (KV tiers take the hash: ``core.kv_tiers``; a runner may copy the block's bytes)."""
+        self.on_cache: Callable[[int], None] | None = None
+        """Called with a hash as it is first indexed (a store written as blocks are computed takes it)."""
 
     @property
     def num_free(self) -> int:
@@ -237,6 +242,8 @@ class BlockPool:
                     del self._copies[block_hash]
             else:
                 del self.cached[block_hash]
+                if self.on_evict is not None:
+                    self.on_evict(block_hash, block_id)
         elif copies is not None:
             copies.remove(block_id)
             if not copies:
@@ -396,6 +403,7 @@ class BlockPool:
         hashes: list[Any] = block_hashes
         hash_of = self._hash_of
         cached: dict[Any, Any] = self.cached
+        on_cache = self.on_cache
         i: i64 = start
         count: i64 = stop
         while i < count:
@@ -407,6 +415,8 @@ class BlockPool:
                     self._copies.setdefault(block_hash, []).append(block_id)
                 else:
                     cached[block_hash] = block_id
+                    if on_cache is not None:
+                        on_cache(block_hash)
             i += 1
 
     def _compact(self) -> None:

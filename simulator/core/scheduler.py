@@ -31,6 +31,7 @@ from collections.abc import Collection, Iterator, Sequence
 from simulator.core import speculation
 from simulator.core.config import Batching, KVPolicy, Preemption, QueuePolicy, Role, SchedulerConfig
 from simulator.core.kv_manager import KVManager, KVStats
+from simulator.core.kv_tiers import KVTiers, TierLoad
 from simulator.core.kv_transfer import KVReceiver, KVSender
 from simulator.core.request import Request, RequestSpec, RequestStatus
 from simulator.core.step import StepPlan, SwapOp
@@ -112,6 +113,20 @@ class Scheduler:
         """Proposals verified (vLLM's ``num_draft_tokens``)."""
         self.num_accepted_tokens = 0
         """Proposals accepted (vLLM's ``num_accepted_tokens``)."""
+        self.tiers: KVTiers | None = None
+        """KV tiers below the device pool (``attach_tiers``); None: an evicted block is gone."""
+
+    def attach_tiers(self, tiers: KVTiers) -> None:
+        """Evicted prefix blocks move down into ``tiers``; admissions look them up there; swap preemption
+        takes its room from their host tier (when they have one) instead of ``num_host_blocks``."""
+        if not self.kv.enable_caching:
+            raise ValueError("KV tiers need the prefix cache")
+        if tiers.block_size != self.block_size:
+            raise ValueError(f"tiers of {tiers.block_size}-token blocks on a pool of {self.block_size}-token blocks")
+        self.tiers = tiers
+        self.kv.pool.on_evict = tiers.on_evict
+        if tiers.written_on_compute:
+            self.kv.pool.on_cache = tiers.on_compute
 
     # ----- queue -----------------------------------------------------------------------------------
 
@@ -145,7 +160,7 @@ class Scheduler:
             self.kv.free(request)
         elif request.status is RequestStatus.SWAPPED:
             self.swapped.remove(request)
-            self.num_host_blocks_used -= self._cdiv(request.num_swapped_tokens)
+            self._release_host(self._cdiv(request.num_swapped_tokens))
         elif request.status is RequestStatus.WAITING_FOR_KV and self.receiver is not None:
             self.receiver.abort(request)
         else:
@@ -567,15 +582,22 @@ class Scheduler:
                                         step_has_requests=bool(plan.requests))
             if admission is None:
                 return
-            hits, num_new = admission
+            hits, load, num_new = admission
             num_hit_tokens = len(hits) * self.block_size
-            if self.kv.allocate(request, num_new, hits, self._reserve_tokens(request)) is None:
+            num_load_tokens = 0
+            if load is not None and load.num_load_blocks and self.tiers is not None:
+                num_load_tokens = load.num_load_blocks * self.block_size
+                self.tiers.refresh(load, request.block_hashes, len(hits))
+            if self.kv.allocate(request, num_load_tokens + num_new, hits, self._reserve_tokens(request)) is None:
                 return
             self.waiting.pop()
-            if request.status is RequestStatus.WAITING:  # first admission: the hit counts once
+            first_admission = request.status is RequestStatus.WAITING
+            if first_admission:  # the hit counts once
                 request.num_cached_tokens = num_hit_tokens
                 self.kv.record_lookup(request.num_prompt_tokens, num_hit_tokens)
-            request.num_computed_tokens += num_hit_tokens
+            if self.tiers is not None:
+                self._commit_load(plan, request, hits, load, first_admission)
+            request.num_computed_tokens += num_hit_tokens + num_load_tokens
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             plan.admitted_ids.append(request.request_id)
@@ -583,13 +605,39 @@ class Scheduler:
             budget -= num_new
 
     def _admission(self, request: Request, budget: int, *, whole_prompts: bool,
-                   step_has_requests: bool) -> tuple[list[int], int] | None:
-        """What admitting ``request`` under ``budget`` asks of the KV manager: its prefix-hit blocks and
-        its new tokens. None when it cannot go in this step whatever the KV holds."""
+                   step_has_requests: bool) -> tuple[list[int], TierLoad | None, int] | None:
+        """What admitting ``request`` under ``budget`` asks of the KV manager: its prefix-hit blocks, the
+        blocks to load from the KV tiers (if any) and its new tokens. None when it cannot go in this step
+        whatever the KV holds."""
         hits = self.kv.get_computed_blocks(request) if request.num_computed_tokens == 0 else []
-        num_new = self._admission_tokens(request, len(hits), budget, whole_prompts=whole_prompts,
+        load = None
+        num_loaded = 0
+        if self.tiers is not None and request.num_computed_tokens == 0 and request.block_hashes:
+            max_blocks = min(len(request.block_hashes), (request.num_tokens - 1) // self.block_size)
+            load = self.tiers.plan(request.block_hashes, len(hits), request.num_tokens, max_blocks)
+            num_loaded = 0 if load is None else load.num_load_blocks
+        num_new = self._admission_tokens(request, len(hits) + num_loaded, budget, whole_prompts=whole_prompts,
                                          step_has_requests=step_has_requests)
-        return None if num_new is None else (hits, num_new)
+        return None if num_new is None else (hits, load, num_new)
+
+    def _commit_load(self, plan: StepPlan, request: Request, hits: list[int], load: TierLoad | None,
+                     first_admission: bool) -> None:
+        """An admission with KV tiers: device hits counted (hit-count admission), the load planned for the
+        runner (the fresh blocks after the hits), decisions counted."""
+        tiers = self.tiers
+        assert tiers is not None
+        if hits:
+            tiers.count_hits(request.block_hashes[: len(hits)])
+        if load is None:
+            return
+        start = len(hits)
+        stop = start + load.num_load_blocks
+        op = tiers.commit(load, request.request_id, request.block_table[start:stop],
+                          request.block_hashes[start:stop], first_admission=first_admission)
+        if op is not None:
+            if plan.loads is None:
+                plan.loads = []
+            plan.loads.append(op)
 
     def _admission_tokens(self, request: Request, num_hit_blocks: int, budget: int, *, whole_prompts: bool,
                           step_has_requests: bool) -> int | None:
@@ -637,7 +685,7 @@ class Scheduler:
         if self.kv.allocate(request, num_new, reserve_tokens=self._reserve_tokens(request)) is None:
             return False
         self.swapped.popleft()
-        self.num_host_blocks_used -= self._cdiv(request.num_swapped_tokens)
+        self._release_host(self._cdiv(request.num_swapped_tokens))
         blocks = self.kv.block_ids(request.request_id)[: self._cdiv(request.num_computed_tokens)]
         plan.swapped_in.append(SwapOp(request.request_id, request.num_swapped_tokens, tuple(blocks)))
         request.num_swapped_tokens = 0
@@ -665,12 +713,11 @@ class Scheduler:
         if (
             self.config.preemption is Preemption.SWAP
             and victim.num_computed_tokens > 0
-            and self.num_host_blocks_used + host_blocks <= self.config.num_host_blocks
+            and self._reserve_host(host_blocks)
         ):
             blocks = self.kv.block_ids(victim.request_id)[:host_blocks]
             plan.swapped_out.append(SwapOp(victim.request_id, victim.num_computed_tokens, tuple(blocks)))
             self.kv.free(victim)
-            self.num_host_blocks_used += host_blocks
             victim.num_swapped_tokens = victim.num_computed_tokens
             victim.status = RequestStatus.SWAPPED
             self.swapped.append(victim)
@@ -682,6 +729,23 @@ class Scheduler:
             victim.status = RequestStatus.PREEMPTED
             self.waiting.push_front(victim)
         return returned
+
+    def _reserve_host(self, num_blocks: int) -> bool:
+        """Host memory for a swapped-out request: the KV tiers' host tier when there is one (one host
+        memory for cached blocks and swapped requests), else ``num_host_blocks``."""
+        tiers = self.tiers
+        if tiers is not None and tiers.host is not None:
+            if not tiers.reserve_host(num_blocks):
+                return False
+        elif self.num_host_blocks_used + num_blocks > self.config.num_host_blocks:
+            return False
+        self.num_host_blocks_used += num_blocks
+        return True
+
+    def _release_host(self, num_blocks: int) -> None:
+        self.num_host_blocks_used -= num_blocks
+        if self.tiers is not None:
+            self.tiers.release_host(num_blocks)
 
     def _reserve_tokens(self, request: Request) -> int:
         policy = self.config.kv_policy

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, NamedTuple, cast
 
+from simulator.core.kv_tiers import LoadOp
 from simulator.core.request import Request
 
 if TYPE_CHECKING:
@@ -77,6 +78,8 @@ class StepPlan:
     """Requests that left the waiting queue in this step (new, or resumed after recompute)."""
     finished_ids: list[int]
     """Filled by ``Scheduler.update``: requests that produced their last token in this step."""
+    loads: list[LoadOp] | None
+    """Blocks copied from KV tiers into device memory before the step computes (None: none)."""
     sampled: list[bool] | None
     """Async scheduling: per row, whether the step samples a token for it (its computed tokens reach
     its tokens), fixed when the plan is scheduled; None under synchronous scheduling, where ``update``
@@ -98,6 +101,7 @@ class StepPlan:
         self.finished_ids = []
         self.sampled = None
         self.num_spec_tokens = None
+        self.loads = None
         self._shape = None
 
     def num_rows(self) -> int:

@@ -80,6 +80,9 @@ class Replica:
         self.on_prefilled: Callable[[Replica, list[Request], float], None] | None = None
         """A prefill worker's fleet: given the requests that produced their first token (their KV now moves
         to a decode worker) and the step's end, in place of logging them."""
+        self.tier_timing: Callable[[StepPlan, float, float], float] | None = None
+        """With KV tiers (``fleet.kv_store``): given a plan, its start and its compute time, the step's time
+        with its loads from the tiers."""
         self.on_step_ended: Callable[[Replica], None] | None = None
         """A decode worker's fleet: called after every step or decode run (blocks or slots may have freed,
         so offers waiting for a reservation can be retried)."""
@@ -128,9 +131,11 @@ class Replica:
         pool = self.scheduler.kv.pool
         return pool.num_used / pool.num_blocks
 
-    def prefix_match_blocks(self, block_hashes: Sequence[int]) -> int:
+    def prefix_match_blocks(self, block_hashes: Sequence[int]) -> float:
         self.sync()
-        return self.scheduler.kv.prefix_match_blocks(block_hashes)
+        n = self.scheduler.kv.prefix_match_blocks(block_hashes)
+        tiers = self.scheduler.tiers
+        return n if tiers is None else n + tiers.prefix_match_blocks(block_hashes, n)
 
     def sync(self) -> None:
         """Inside a decode run, apply the steps that have ended by now, so that anything reading this
@@ -326,6 +331,8 @@ class Replica:
             step_s = self.cost_model.time_of(seqs, tokens, decodes, decode_ctx, prefill_tokens, pairs, swap)
         else:
             step_s, prefill_tokens = speculative_step_s(self.cost_model, plan, self._spec)
+        if self.tier_timing is not None:
+            step_s = self.tier_timing(plan, start, step_s)
         self.num_prefill_tokens += prefill_tokens
         self._plan = plan
         self._step_s = step_s

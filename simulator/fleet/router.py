@@ -81,8 +81,9 @@ class ReplicaView(Protocol):
         """The replica's speed relative to the fleet's fastest (1.0): its GPU and model shard, not its load."""
         ...
 
-    def prefix_match_blocks(self, block_hashes: Sequence[int]) -> int:
-        """How many leading blocks of this hash chain are in the replica's prefix cache."""
+    def prefix_match_blocks(self, block_hashes: Sequence[int]) -> float:
+        """How many leading blocks of this hash chain are in the replica's prefix cache (blocks in its KV
+        tiers count at their tier's ``router_weight``)."""
         ...
 
 
@@ -444,7 +445,7 @@ class ReplicaSnapshot:
     def load(self) -> int:
         return self.num_running + self.num_waiting
 
-    def prefix_match_blocks(self, block_hashes: Sequence[int]) -> int:
+    def prefix_match_blocks(self, block_hashes: Sequence[int]) -> float:
         return self._live.prefix_match_blocks(block_hashes)
 
     def __repr__(self) -> str:

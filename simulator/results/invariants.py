@@ -61,6 +61,8 @@ class ReplicaEnd:
     """Host blocks the scheduler counts as holding swapped-out KV."""
     host_blocks_expected: int
     """Host blocks the swapped-out requests' tokens need."""
+    tier_problems: Sequence[str] = ()
+    """What the replica's KV tiers report broken (``core.kv_tiers.KVTiers.problems``)."""
 
 
 def check_run(log: RequestLog, ends: Sequence[ReplicaEnd], *, variant: str, num_requests: int,
@@ -163,4 +165,5 @@ def _kv_problems(end: ReplicaEnd) -> list[str]:
     if end.host_blocks_used != end.host_blocks_expected:
         problems.append(f"{where}: {end.host_blocks_used} host blocks in use, the swapped requests need "
                         f"{end.host_blocks_expected}")
+    problems += [f"{where}: {p}" for p in end.tier_problems]
     return problems

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import BaseModel
 
+from simulator.results.kv_tiers import TierFigures
 from simulator.results.pools import FleetFigures
 from simulator.results.request_log import RequestLog
 from simulator.results.series import SERIES_COLUMNS, ReplicaSeries
@@ -50,6 +51,8 @@ class VariantResult:
     """Variants may override hardware or model, so each carries its own profile."""
     fleet: FleetFigures | None = None
     """A fleet declared as pools (``fleet.pools``): each pool's figures, goodput per GPU, hand-offs."""
+    tiers: TierFigures | None = None
+    """A fleet with KV tiers (``kv_tiers``): hits and bytes per tier, decisions, the TTFT split."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,13 +90,16 @@ class RunResult:
 
     def requests_df(self, variant: str | None = None) -> pd.DataFrame:
         """One row per request of ``variant`` (all variants when None) with a leading ``variant`` column
-        and derived ``queue_ms``, ``ttft_ms``, ``tpot_ms``, ``e2e_ms``."""
+        and derived ``queue_ms``, ``ttft_ms``, ``tpot_ms``, ``e2e_ms`` (and ``load_ms``, the time its loads
+        from KV tiers added, where a variant has tiers)."""
         import pandas as pd  # not at import: a summary-only run never builds a frame
 
         frames = []
         for v in self._select(variant):
             frame = v.requests.to_frame()
             frame.insert(0, "variant", v.name)
+            if v.tiers is not None:  # the load share of TTFT (its queue and compute shares follow from it)
+                frame["load_ms"] = v.tiers.load_ms(frame["request_id"].to_numpy())
             frames.append(frame)
         return pd.concat(frames, ignore_index=True)
 
@@ -145,6 +151,8 @@ class RunResult:
         }
         if any(v.fleet is not None for v in self.variants.values()):
             doc["fleet"] = {name: v.fleet.to_dict() for name, v in self.variants.items() if v.fleet is not None}
+        if any(v.tiers is not None for v in self.variants.values()):
+            doc["kv_tiers"] = {name: v.tiers.to_dict() for name, v in self.variants.items() if v.tiers is not None}
         return json.dumps(doc, sort_keys=True, indent=2, allow_nan=False) + "\n"
 
 

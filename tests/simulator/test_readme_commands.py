@@ -72,6 +72,7 @@ CASES: dict[str, Case] = {
     "azure_conv": run_case("fleetsim run scenarios/azure_conv.yaml", "azure_conv", "out/report.html",
                            needs="traces"),
     "mooncake": run_case("mooncake.yaml", "mooncake", "out/report.html", needs="traces"),
+    "kv_tiers": run_case("fleetsim run scenarios/kv_tiers.yaml", "kv_tiers", "out/report.html", needs="traces"),
     "plan": Case("fleetsim plan SCENARIO --slo ttft_ms=500,tpot_ms=50",
                  ("plan", "{scenarios}/quickstart.yaml", "--slo", "ttft_ms=500,tpot_ms=50", "--set",
                   "workload.num_requests=60", "--max-replicas", "4", "--out", "out", "--quiet"),

@@ -41,6 +41,7 @@ SMALL: dict[str, list[str]] = {
     "moe": ["workload.num_requests=100"],
     "disaggregation": ["workload.num_requests=100"],
     "speculative": ["workload.num_requests=100"],
+    "kv_tiers": ["workload.num_requests=40"],
 }
 """Each shipped scenario cut to a size that runs in about a second: the golden runs."""
 

@@ -1,0 +1,463 @@
+"""KV tiers below the device pool: where an evicted prefix block goes, and whether a hit there is loaded.
+
+A block the device's prefix cache evicts (``BlockPool`` calls ``KVTiers.on_evict`` with its hash) moves
+down instead of disappearing: into the first tier that admits it (host DRAM, then local NVMe, then a
+store shared by replicas). A tier that is full evicts by its policy (LRU by default) and its victim moves
+on down; what leaves the last tier is dropped. A tier holds hashes only: which device block, host page or
+file holds the bytes is the runner's business (the simulator has none; the engine keeps tensors by hash).
+
+At admission the prefix lookup continues past the device's hits into the tiers (``KVTiers.plan``): the
+run of blocks found there may be loaded back (into fresh device blocks, priced by the tiers' links) or
+recomputed. The choice is the one that finishes the prompt soonest according to a cost callback
+(``TierCost``): loading the first m found blocks costs ``load_s`` for them plus prefilling the rest from
+there; m is tried at every boundary between tiers, so a tier's run of blocks is loaded whole or not at all
+(one cost evaluation per tier touched, not per block: a 32k-token prompt has 2,000 blocks). Within a run
+the load time grows linearly with m while the prefill saved shrinks; where a cost model has a knee (a
+prefill below it costs as much as at it) the best m can lie inside a run, which this does not search. The
+scheduler commits the plan only when the request is admitted (``KVTiers.commit``).
+
+Invariants (``KVTiers.problems``; tested by a hypothesis state machine):
+- a tier holds each hash at most once, and never more than its capacity (swap reservations included);
+- nothing is lost: every hash offered to a tier is stored, already there, or passed down; every hash a
+  tier evicts is offered to the next one or, from the last, counted as dropped.
+
+Swap preemption takes its room from the host tier (``reserve``/``release``): one host memory, not two.
+
+Standard library only; imports neither simpy nor torch.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+
+class TierKind(StrEnum):
+    HOST = "host"
+    """CPU memory over PCIe or NVLink-C2C; swap preemption takes its room from the first such tier."""
+    DISK = "disk"
+    """Local NVMe."""
+    REMOTE = "remote"
+    """A store over the network (a cluster store shared by replicas, Mooncake-style)."""
+
+
+class TierSource(StrEnum):
+    ABOVE = "above"
+    """Takes what the tier above evicts (the device's evictions, for the first tier)."""
+    DEVICE = "device"
+    """Takes every block the device evicts, as well (a shared store written as soon as the GPU lets go)."""
+    COMPUTE = "compute"
+    """Takes every block as the device computes it (Mooncake's store: other replicas can load a prefix
+    while its owner still holds it)."""
+
+
+class EvictionOrder(Protocol):
+    """The order a tier gives up its hashes in. Holds each hash once."""
+
+    def __contains__(self, block_hash: int) -> bool: ...
+    def __len__(self) -> int: ...
+    def add(self, block_hash: int) -> None: ...
+    def touch(self, block_hash: int) -> None: ...
+    def pop_victim(self) -> int: ...
+    def hashes(self) -> list[int]: ...
+
+
+class LRUOrder:
+    """Least recently stored or hit first."""
+
+    def __init__(self) -> None:
+        self._order: OrderedDict[int, None] = OrderedDict()
+
+    def __contains__(self, block_hash: int) -> bool:
+        return block_hash in self._order
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def add(self, block_hash: int) -> None:
+        self._order[block_hash] = None
+
+    def touch(self, block_hash: int) -> None:
+        self._order.move_to_end(block_hash)
+
+    def pop_victim(self) -> int:
+        return self._order.popitem(last=False)[0]
+
+    def hashes(self) -> list[int]:
+        return list(self._order)
+
+
+class FIFOOrder(LRUOrder):
+    """First stored first out; a hit does not rejuvenate a block."""
+
+    def touch(self, block_hash: int) -> None:
+        pass
+
+
+EVICTION_POLICIES: dict[str, Callable[[], EvictionOrder]] = {"lru": LRUOrder, "fifo": FIFOOrder}
+"""Tier eviction policies by name (the scenario's ``eviction`` field picks one)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TierSpec:
+    """One tier's bookkeeping settings (its link's bandwidth and latency are the cost model's)."""
+
+    name: str
+    kind: TierKind = TierKind.HOST
+    capacity_blocks: int | None = None
+    """Blocks it holds; None = unbounded."""
+    eviction: str = "lru"
+    """A name in ``EVICTION_POLICIES``."""
+    min_hits: int = 0
+    """Admission: 0 stores every block offered (write-through on eviction); k stores only blocks hit at
+    least k times (device or tier hits) before they were offered."""
+    source: TierSource = TierSource.ABOVE
+
+    def __post_init__(self) -> None:
+        if self.capacity_blocks is not None and self.capacity_blocks < 0:
+            raise ValueError(f"tier {self.name}: capacity_blocks must be >= 0, got {self.capacity_blocks}")
+        if self.eviction not in EVICTION_POLICIES:
+            raise ValueError(f"tier {self.name}: eviction must be one of {sorted(EVICTION_POLICIES)}, "
+                             f"got {self.eviction!r}")
+        if self.min_hits < 0:
+            raise ValueError(f"tier {self.name}: min_hits must be >= 0, got {self.min_hits}")
+
+
+class TierStore:
+    """One tier's contents: hashes in eviction order, and the room swap preemption holds in it."""
+
+    def __init__(self, spec: TierSpec) -> None:
+        self.spec = spec
+        self._order = EVICTION_POLICIES[spec.eviction]()
+        self.num_reserved = 0
+        """Blocks held by swapped-out requests (host tier only)."""
+        self.num_offered = 0
+        self.num_stored = 0
+        self.num_present = 0
+        """Offers of a hash it already held (refreshed in place, not stored twice)."""
+        self.num_rejected = 0
+        """Offers its admission rule (or a zero capacity) turned away: passed down."""
+        self.num_evicted = 0
+        self.shared = False
+        """Shared by several replicas' hierarchies (its counters are theirs together)."""
+
+    def __contains__(self, block_hash: int) -> bool:
+        return block_hash in self._order
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    @property
+    def capacity_blocks(self) -> int | None:
+        return self.spec.capacity_blocks
+
+    def hashes(self) -> list[int]:
+        """Held hashes, next victim first."""
+        return self._order.hashes()
+
+    def touch(self, block_hash: int) -> None:
+        self._order.touch(block_hash)
+
+    def offer(self, block_hash: int, num_hits: int) -> tuple[bool, list[int]]:
+        """Store ``block_hash`` if admitted. Returns (taken: stored or already held, victims evicted)."""
+        self.num_offered += 1
+        order = self._order
+        if block_hash in order:
+            self.num_present += 1
+            order.touch(block_hash)
+            return True, []
+        capacity = self.spec.capacity_blocks
+        if num_hits < self.spec.min_hits or (capacity is not None and capacity - self.num_reserved < 1):
+            self.num_rejected += 1
+            return False, []
+        victims = self._make_room(1)
+        order.add(block_hash)
+        self.num_stored += 1
+        return True, victims
+
+    def reserve(self, num_blocks: int) -> list[int] | None:
+        """Room for ``num_blocks`` swapped-out blocks, evicting cached hashes (returned) as needed; None
+        (nothing changed) when even an empty tier would not have the room."""
+        capacity = self.spec.capacity_blocks
+        if capacity is not None and self.num_reserved + num_blocks > capacity:
+            return None
+        victims = self._make_room(num_blocks)
+        self.num_reserved += num_blocks
+        return victims
+
+    def release(self, num_blocks: int) -> None:
+        if num_blocks > self.num_reserved:
+            raise ValueError(f"tier {self.spec.name}: releasing {num_blocks} blocks, {self.num_reserved} reserved")
+        self.num_reserved -= num_blocks
+
+    def _make_room(self, num_blocks: int) -> list[int]:
+        capacity = self.spec.capacity_blocks
+        if capacity is None:
+            return []
+        victims: list[int] = []
+        order = self._order
+        while len(order) and len(order) + self.num_reserved + num_blocks > capacity:
+            victims.append(order.pop_victim())
+        self.num_evicted += len(victims)
+        return victims
+
+
+class TierCost(Protocol):
+    """What the load-or-recompute decision asks of a cost model (the simulator's: ``cost.kv_tiers``)."""
+
+    def load_s(self, num_blocks_by_tier: Sequence[int]) -> float:
+        """Seconds to bring these blocks (per tier, in the hierarchy's order) into device memory."""
+        ...
+
+    def prefill_s(self, num_computed_tokens: int, num_new_tokens: int) -> float:
+        """Seconds to prefill ``num_new_tokens`` after ``num_computed_tokens`` already computed."""
+        ...
+
+
+@dataclass(slots=True)
+class TierLoad:
+    """A load the scheduler may commit: the found blocks' tiers (in prefix order), and how many of them
+    to load (the rest is recomputed)."""
+
+    tiers: list[int]
+    """Per found block after the device hits, the index of the first tier holding it."""
+    num_load_blocks: int
+    load_s: float
+    """The cost callback's load time of the blocks loaded."""
+
+    @property
+    def num_found_blocks(self) -> int:
+        return len(self.tiers)
+
+    def blocks_by_tier(self, num_tiers: int) -> list[int]:
+        counts = [0] * num_tiers
+        for tier in self.tiers[: self.num_load_blocks]:
+            counts[tier] += 1
+        return counts
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOp:
+    """Blocks of one request copied from tiers into fresh device blocks before its step computes."""
+
+    request_id: int
+    block_ids: tuple[int, ...]
+    """Device blocks written, in prefix order."""
+    block_hashes: tuple[int, ...]
+    tiers: tuple[int, ...]
+    """Per block, the tier read."""
+    load_s: float
+
+
+@dataclass(slots=True)
+class TierCounters:
+    """One replica's tier figures over its life (device hits are the KV manager's)."""
+
+    num_hit_blocks: list[int]
+    """Per tier: blocks loaded from it (counted on a request's first admission only, as device hits)."""
+    num_read_blocks: list[int]
+    """Per tier: blocks read, re-admissions after preemption included."""
+    num_loads: int = 0
+    """Admissions that loaded from a tier."""
+    num_recomputes: int = 0
+    """Admissions that found blocks in a tier and recomputed some or all of them (cheaper)."""
+    num_recomputed_blocks: int = 0
+    num_device_evictions: int = 0
+    """Hashes that left the device's prefix cache (offered to the tiers)."""
+    num_dropped: int = 0
+    """Hashes no tier kept (evicted from, or turned away by, the last)."""
+    hit_counts: dict[int, int] = field(default_factory=dict)
+    """Hits of each hash seen (device or tier), for hit-count admission."""
+
+
+class KVTiers:
+    """A replica's tiers below its device pool (the last may be a store other replicas share)."""
+
+    def __init__(self, stores: Sequence[TierStore], cost: TierCost, *, block_size: int) -> None:
+        if not stores:
+            raise ValueError("KVTiers needs at least one tier")
+        self.stores = list(stores)
+        self.cost = cost
+        self.block_size = block_size
+        self.counters = TierCounters(num_hit_blocks=[0] * len(stores), num_read_blocks=[0] * len(stores))
+        self._count_hits = any(s.spec.min_hits > 0 for s in stores)
+        self.host: TierStore | None = next((s for s in stores if s.spec.kind is TierKind.HOST), None)
+        """The tier swap preemption takes its room from (the first host tier), if any."""
+        self.match_weights = [1.0] * len(stores)
+        """What a block held in each tier counts for a prefix-aware router against one on the device (a
+        block there must be loaded first); the fleet sets them."""
+        self.written_on_compute = [i for i, s in enumerate(stores) if s.spec.source is TierSource.COMPUTE]
+        """Tiers written as blocks are computed (``on_compute``); the pool calls it only when there are any."""
+
+    # ----- eviction -----------------------------------------------------------------------------------
+
+    def on_evict(self, block_hash: int, block_id: int | None = None) -> None:
+        """The device's prefix cache let go of ``block_hash`` (held in device block ``block_id``, which the
+        bookkeeping does not need): it moves down."""
+        self.counters.num_device_evictions += 1
+        hits = self.counters.hit_counts.get(block_hash, 0) if self._count_hits else 0
+        self._offer_from(0, block_hash, hits)
+        for index in range(1, len(self.stores)):
+            if self.stores[index].spec.source is TierSource.DEVICE:
+                self._offer_one(index, block_hash, hits)
+
+    def on_compute(self, block_hash: int) -> None:
+        """The device indexed ``block_hash`` (its KV is being computed): tiers written on compute take it."""
+        hits = self.counters.hit_counts.get(block_hash, 0) if self._count_hits else 0
+        for index in self.written_on_compute:
+            self._offer_one(index, block_hash, hits)
+
+    def _offer_from(self, start: int, block_hash: int, hits: int) -> None:
+        """Offer to tier ``start``; turned away, to the next; each victim on to the tier below its own."""
+        stores = self.stores
+        index = start
+        while index < len(stores):
+            taken = self._offer_one(index, block_hash, hits)
+            if taken:
+                return
+            index += 1
+        self.counters.num_dropped += 1
+
+    def _offer_one(self, index: int, block_hash: int, hits: int) -> bool:
+        taken, victims = self.stores[index].offer(block_hash, hits)
+        for victim in victims:
+            victim_hits = self.counters.hit_counts.get(victim, 0) if self._count_hits else 0
+            self._offer_from(index + 1, victim, victim_hits)
+        return taken
+
+    # ----- lookup and the load-or-recompute decision -----------------------------------------------
+
+    def find(self, block_hashes: Sequence[int], start: int, stop: int) -> list[int]:
+        """Per block from ``start`` on (before ``stop``), the first tier holding it, while found."""
+        stores = self.stores
+        found: list[int] = []
+        for position in range(start, min(stop, len(block_hashes))):
+            block_hash = block_hashes[position]
+            for index, store in enumerate(stores):
+                if block_hash in store:
+                    found.append(index)
+                    break
+            else:
+                break
+        return found
+
+    def plan(self, block_hashes: Sequence[int], num_device_hits: int, num_prompt_tokens: int,
+             max_blocks: int) -> TierLoad | None:
+        """The blocks after the device's ``num_device_hits`` hits found in the tiers (at most up to
+        ``max_blocks`` in all), and how many of them to load: the m that minimises load time plus the
+        prefill of the prompt from there. None when no tier holds the next block."""
+        found = self.find(block_hashes, num_device_hits, max_blocks)
+        if not found:
+            return None
+        bs = self.block_size
+        cost = self.cost
+        base = num_device_hits * bs
+        best_m = 0
+        best_s = cost.prefill_s(base, num_prompt_tokens - base)
+        best_load_s = 0.0
+        counts = [0] * len(self.stores)
+        for m in range(1, len(found) + 1):
+            counts[found[m - 1]] += 1
+            if m < len(found) and found[m] == found[m - 1]:
+                continue  # not a boundary between tiers (runs load whole or not at all)
+            load_s = cost.load_s(counts)
+            computed = base + m * bs
+            total = load_s + cost.prefill_s(computed, num_prompt_tokens - computed)
+            if total < best_s:
+                best_m, best_s, best_load_s = m, total, load_s
+        return TierLoad(found, best_m, best_load_s)
+
+    def commit(self, load: TierLoad, request_id: int, block_ids: Sequence[int], block_hashes: Sequence[int],
+               *, first_admission: bool) -> LoadOp | None:
+        """The request was admitted with ``load``: count it, refresh the blocks read in their tiers, and
+        return the copy the runner performs (``block_ids``: the fresh device blocks, prefix order)."""
+        counters = self.counters
+        n = load.num_load_blocks
+        if n < load.num_found_blocks:
+            counters.num_recomputes += 1
+            counters.num_recomputed_blocks += load.num_found_blocks - n
+        if n == 0:
+            return None
+        counters.num_loads += 1
+        for position in range(n):
+            tier = load.tiers[position]
+            counters.num_read_blocks[tier] += 1
+            if first_admission:
+                counters.num_hit_blocks[tier] += 1
+        if self._count_hits:
+            self.count_hits(block_hashes[:n])
+        return LoadOp(request_id, tuple(block_ids), tuple(block_hashes[:n]), tuple(load.tiers[:n]), load.load_s)
+
+    def refresh(self, load: TierLoad, block_hashes: Sequence[int], start: int) -> None:
+        """Make the blocks a load will read the most recently used of their tiers, before the admission
+        allocates device blocks (whose evictions move down and could otherwise push them out first).
+        ``block_hashes[start:]`` are the found blocks."""
+        for position in range(load.num_load_blocks):
+            store = self.stores[load.tiers[position]]
+            block_hash = block_hashes[start + position]
+            if block_hash in store:
+                store.touch(block_hash)
+
+    def count_hits(self, block_hashes: Sequence[int]) -> None:
+        """Hits on these hashes (for hit-count admission; a no-op without such a tier)."""
+        if not self._count_hits:
+            return
+        counts = self.counters.hit_counts
+        for block_hash in block_hashes:
+            counts[block_hash] = counts.get(block_hash, 0) + 1
+
+    def prefix_match_blocks(self, block_hashes: Sequence[int], start: int) -> float:
+        """Blocks from ``start`` on that the tiers hold, in a run, each counted at its tier's weight in
+        ``match_weights``: what a prefix-aware router adds to a replica's device match."""
+        weights = self.match_weights
+        return sum(weights[tier] for tier in self.find(block_hashes, start, len(block_hashes)))
+
+    # ----- swap preemption's room in host memory ------------------------------------------------------
+
+    def reserve_host(self, num_blocks: int) -> bool:
+        """Room in the host tier for a swapped-out request; its cached victims move down."""
+        host = self.host
+        if host is None:
+            return False
+        victims = host.reserve(num_blocks)
+        if victims is None:
+            return False
+        index = self.stores.index(host)
+        for victim in victims:
+            self._offer_from(index + 1, victim, self.counters.hit_counts.get(victim, 0))
+        return True
+
+    def release_host(self, num_blocks: int) -> None:
+        if self.host is not None:
+            self.host.release(num_blocks)
+
+    # ----- invariants --------------------------------------------------------------------------------
+
+    def problems(self) -> list[str]:
+        """Broken invariants (none: an empty list). See the module docstring."""
+        out: list[str] = []
+        top = self.stores[0]
+        evictions = self.counters.num_device_evictions
+        if not top.shared and top.spec.source is TierSource.ABOVE and top.num_offered != evictions:
+            out.append(f"tier {top.spec.name}: offered {top.num_offered} != device evictions "
+                       f"{self.counters.num_device_evictions}")
+        for index, store in enumerate(self.stores):
+            name = store.spec.name
+            held = store.hashes()
+            if len(set(held)) != len(held):
+                out.append(f"tier {name} holds a hash twice")
+            capacity = store.capacity_blocks
+            if capacity is not None and len(held) + store.num_reserved > capacity:
+                out.append(f"tier {name} holds {len(held)} + {store.num_reserved} reserved > {capacity} blocks")
+            if store.num_stored - store.num_evicted != len(held):
+                out.append(f"tier {name}: stored {store.num_stored} - evicted {store.num_evicted} != held {len(held)}")
+            if store.num_offered != store.num_stored + store.num_present + store.num_rejected:
+                out.append(f"tier {name}: offers {store.num_offered} != stored + present + rejected")
+            if index > 0 and store.spec.source is TierSource.ABOVE and not store.shared:
+                above = self.stores[index - 1]
+                if store.num_offered != above.num_evicted + above.num_rejected:
+                    out.append(f"tier {name}: offered {store.num_offered} != evicted + rejected above")
+        return out

@@ -1,0 +1,263 @@
+"""KV tiers below the device pool: eviction moves blocks down, lookups continue into the tiers, the
+load-or-recompute choice crosses over where the link says, swap shares the host tier, nothing is lost."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from simulator.core.config import Preemption, SchedulerConfig
+from simulator.core.kv_tiers import KVTiers, TierKind, TierSource, TierSpec, TierStore
+from simulator.core.request import RequestSpec, RequestStatus
+from simulator.core.scheduler import Scheduler
+
+BS = 16
+
+
+class LinearCost:
+    """A link of ``bytes_per_s`` for blocks of ``block_bytes`` (plus ``latency_s`` per load), and a prefill of
+    ``s_per_token`` per token: a cost model whose crossover is worked out by hand."""
+
+    def __init__(self, *, bytes_per_s: float, block_bytes: float = 1e6, latency_s: float = 0.0,
+                 s_per_token: float = 1e-4) -> None:
+        self.bytes_per_s = bytes_per_s
+        self.block_bytes = block_bytes
+        self.latency_s = latency_s
+        self.s_per_token = s_per_token
+
+    def load_s(self, num_blocks_by_tier: Sequence[int]) -> float:
+        n = sum(num_blocks_by_tier)
+        return self.latency_s + n * self.block_bytes / self.bytes_per_s if n else 0.0
+
+    def prefill_s(self, num_computed_tokens: int, num_new_tokens: int) -> float:
+        return num_new_tokens * self.s_per_token
+
+
+def spec(rid: int, prompt: int, hashes: Sequence[int], output: int = 1) -> RequestSpec:
+    return RequestSpec(rid, 0.0, prompt, output, tuple(hashes))
+
+
+def run_to_end(s: Scheduler) -> list:
+    plans = []
+    while s.has_work:
+        plan = s.schedule()
+        plans.append(plan)
+        s.update(plan)
+    return plans
+
+
+def scheduler(num_blocks: int, tiers: list[TierSpec], cost: LinearCost, **kw: object) -> Scheduler:
+    s = Scheduler(SchedulerConfig(num_blocks=num_blocks, block_size=BS, **kw))  # type: ignore[arg-type]
+    s.attach_tiers(KVTiers([TierStore(t) for t in tiers], cost, block_size=BS))
+    return s
+
+
+def evict_prefix_then_return(cost: LinearCost) -> Scheduler:
+    """Request 0 computes 8 blocks; request 1 (other hashes) fills the 10-block pool, evicting them into the
+    host tier; request 2 repeats request 0's prompt."""
+    s = scheduler(10, [TierSpec(name="host")], cost)
+    prompt = list(range(100, 108))
+    s.add_request(spec(0, 8 * BS + 1, prompt))
+    run_to_end(s)
+    s.add_request(spec(1, 9 * BS + 1, range(200, 209)))
+    run_to_end(s)
+    assert all(h in s.tiers.stores[0] for h in prompt)  # type: ignore[union-attr]
+    s.add_request(spec(2, 8 * BS + 1, prompt))
+    return s
+
+
+def test_evicted_blocks_move_down_and_a_hit_there_is_loaded() -> None:
+    s = evict_prefix_then_return(LinearCost(bytes_per_s=1e12))
+    plan = s.schedule()
+    assert plan.loads is not None and len(plan.loads) == 1
+    op = plan.loads[0]
+    assert op.block_hashes == tuple(range(100, 108)) and op.tiers == (0,) * 8
+    assert plan.num_new_tokens == [1] and plan.num_computed_tokens == [8 * BS]  # only the last token runs
+    assert s.tiers is not None and s.tiers.counters.num_hit_blocks == [8]
+    assert s.kv.prefix_match_blocks(list(range(100, 108))) == 8  # the loaded blocks are indexed again
+    assert not s.tiers.problems()
+
+
+def test_load_versus_recompute_crosses_over_at_the_links_bandwidth() -> None:
+    # Loading 8 blocks of 1 MB costs latency + 8e6 / bw; recomputing them costs 8 * 16 tokens * 1e-4 s.
+    # Loading pays while 1e-3 + 8e6 / bw < 0.0128 s, i.e. bw > 8e6 / 0.0118 = 677,966,101.7 B/s.
+    crossover = 8e6 / (8 * BS * 1e-4 - 1e-3)
+    for bw, loads in [(crossover * 1.01, True), (crossover * 0.99, False)]:
+        s = evict_prefix_then_return(LinearCost(bytes_per_s=bw, latency_s=1e-3))
+        plan = s.schedule()
+        assert s.tiers is not None
+        if loads:
+            assert plan.loads is not None and plan.num_new_tokens == [1]
+            assert (s.tiers.counters.num_loads, s.tiers.counters.num_recomputes) == (1, 0)
+        else:
+            assert plan.loads is None and plan.num_new_tokens == [8 * BS + 1]
+            assert (s.tiers.counters.num_loads, s.tiers.counters.num_recomputes) == (0, 1)
+
+
+def test_a_fast_tier_is_loaded_and_a_slow_tier_behind_it_recomputed() -> None:
+    # Host holds blocks 0-3 (fast), disk the rest (slow): the best plan loads the host run only.
+    class TwoLinks(LinearCost):
+        def load_s(self, num_blocks_by_tier: Sequence[int]) -> float:
+            return num_blocks_by_tier[0] * 1e-5 + num_blocks_by_tier[1] * 1.0
+
+    tiers = KVTiers([TierStore(TierSpec(name="host")), TierStore(TierSpec(name="disk", kind=TierKind.DISK))],
+                    TwoLinks(bytes_per_s=1.0), block_size=BS)
+    for h in range(4, 8):
+        tiers.stores[1].offer(h, 0)
+    for h in range(4):
+        tiers.stores[0].offer(h, 0)
+    load = tiers.plan(list(range(8)), 0, 8 * BS + 1, 8)
+    assert load is not None and load.tiers == [0, 0, 0, 0, 1, 1, 1, 1] and load.num_load_blocks == 4
+
+
+def test_hit_count_admission_keeps_only_blocks_hit_often_enough() -> None:
+    tiers = KVTiers([TierStore(TierSpec(name="host", min_hits=2))], LinearCost(bytes_per_s=1e9), block_size=BS)
+    tiers.count_hits([1, 2, 2])
+    tiers.on_evict(1)
+    tiers.on_evict(2)
+    assert 2 in tiers.stores[0] and 1 not in tiers.stores[0]
+    assert tiers.counters.num_dropped == 1 and not tiers.problems()
+
+
+def test_swap_takes_its_room_from_the_host_tier() -> None:
+    cost = LinearCost(bytes_per_s=1e12)
+    s = scheduler(6, [TierSpec(name="host", capacity_blocks=4)], cost, preemption=Preemption.SWAP,
+                  max_num_batched_tokens=4096)
+    s.add_request(spec(0, 2 * BS, [1, 2], output=2 * BS))
+    s.add_request(spec(1, 2 * BS, [3, 4], output=2 * BS))
+    while s.has_work and not s.swapped:
+        s.update(s.schedule())
+    assert s.swapped, "the pool is too small for both: one is swapped out"
+    host = s.tiers.host  # type: ignore[union-attr]
+    assert host is not None and host.num_reserved == s.num_host_blocks_used > 0
+    run_to_end(s)
+    assert host.num_reserved == 0 and s.num_host_blocks_used == 0
+    assert not s.tiers.problems()  # type: ignore[union-attr]
+
+
+def test_bad_tier_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="capacity_blocks"):
+        TierSpec(name="host", capacity_blocks=-1)
+    with pytest.raises(ValueError, match="eviction"):
+        TierSpec(name="host", eviction="random")
+    with pytest.raises(ValueError, match="prefix cache"):
+        Scheduler(SchedulerConfig(num_blocks=4, block_size=BS, enable_prefix_caching=False)).attach_tiers(
+            KVTiers([TierStore(TierSpec(name="host"))], LinearCost(bytes_per_s=1.0), block_size=BS))
+
+
+class TierMachine(RuleBasedStateMachine):
+    """Random evictions, hits, swap reservations and releases on a three-tier hierarchy (the last fed by the
+    device too): capacities hold, each tier holds a hash once, and every hash the device let go is in a tier
+    or counted dropped — checked against a model that remembers what was dropped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        specs = [TierSpec(name="host", capacity_blocks=3), TierSpec(name="disk", kind=TierKind.DISK, capacity_blocks=4,
+                                                                     min_hits=1),
+                 TierSpec(name="store", kind=TierKind.REMOTE, capacity_blocks=5, source=TierSource.DEVICE),
+                 TierSpec(name="pool", kind=TierKind.REMOTE, capacity_blocks=2, source=TierSource.COMPUTE)]
+        self.tiers = KVTiers([TierStore(t) for t in specs], LinearCost(bytes_per_s=1e9), block_size=BS)
+        self.offered: set[int] = set()
+        self.reserved: list[int] = []
+
+    @rule(block_hash=st.integers(0, 12))
+    def evict(self, block_hash: int) -> None:
+        self.tiers.on_evict(block_hash)
+        self.offered.add(block_hash)
+
+    @rule(block_hash=st.integers(0, 12))
+    def compute(self, block_hash: int) -> None:
+        self.tiers.on_compute(block_hash)
+        self.offered.add(block_hash)
+
+    @rule(block_hash=st.integers(0, 12))
+    def hit(self, block_hash: int) -> None:
+        self.tiers.count_hits([block_hash])
+
+    @rule(n=st.integers(1, 3))
+    def reserve(self, n: int) -> None:
+        if self.tiers.reserve_host(n):
+            self.reserved.append(n)
+
+    @rule()
+    def release(self) -> None:
+        if self.reserved:
+            self.tiers.release_host(self.reserved.pop(0))
+
+    @invariant()
+    def holds(self) -> None:
+        assert not self.tiers.problems()
+        held = set().union(*(set(s.hashes()) for s in self.tiers.stores))
+        assert held <= self.offered
+        for store in self.tiers.stores:
+            assert store.capacity_blocks is None or len(store) + store.num_reserved <= store.capacity_blocks
+        # Every offer ends stored somewhere or dropped: drops at least cover what no tier holds.
+        gone = self.tiers.counters.num_dropped + sum(s.num_evicted for s in self.tiers.stores)
+        assert len(self.offered - held) <= gone
+
+
+TestTierMachine = TierMachine.TestCase
+TestTierMachine.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+
+
+tier_configs = st.builds(
+    SchedulerConfig,
+    num_blocks=st.integers(8, 30),
+    block_size=st.sampled_from([2, 4]),
+    preemption=st.sampled_from(list(Preemption)),
+    max_num_seqs=st.integers(1, 6),
+    max_num_batched_tokens=st.integers(8, 48),
+    max_model_len=st.integers(32, 96),
+)
+tier_requests = st.lists(st.tuples(st.integers(2, 40), st.integers(1, 12), st.integers(0, 3)), min_size=1,
+                         max_size=20)
+
+
+@settings(max_examples=120, deadline=None)
+@given(config=tier_configs, reqs=tier_requests, host_blocks=st.integers(0, 12),
+       bandwidth=st.sampled_from([1e3, 1e12]))
+def test_random_streams_through_tiers_lose_nothing(config: SchedulerConfig, reqs: list[tuple[int, int, int]],
+                                                   host_blocks: int, bandwidth: float) -> None:
+    """A bounded host tier over an unbounded disk: every hash the device ever evicted is, at every step, on
+    the device, in a tier, or nowhere only if no tier could keep it (never, with the disk unbounded); tier
+    invariants hold; every request finishes with every output token; blocks are conserved."""
+    tiers = KVTiers([TierStore(TierSpec(name="host", capacity_blocks=host_blocks)),
+                     TierStore(TierSpec(name="disk", kind=TierKind.DISK))],
+                    LinearCost(bytes_per_s=bandwidth), block_size=config.block_size)
+    sched = Scheduler(config)
+    sched.attach_tiers(tiers)
+    evicted: set[int] = set()
+    pool = sched.kv.pool
+
+    def record(block_hash: int, block_id: int) -> None:
+        evicted.add(block_hash)
+        tiers.on_evict(block_hash, block_id)
+
+    pool.on_evict = record
+    bs = config.block_size
+    added = []
+    pending = list(enumerate(reqs))
+    for _ in range(2000):
+        if not pending and not sched.has_work:
+            break
+        if pending:
+            rid, (prompt, output, family) = pending.pop(0)
+            hashes = tuple(family * 100 + i for i in range((prompt + output) // bs))
+            added.append(sched.add_request(RequestSpec(rid, float(rid), prompt, output, block_hashes=hashes)))
+        plan = sched.schedule()
+        for op in plan.loads or ():
+            assert [pool.block_hash(b) for b in op.block_ids] == list(op.block_hashes)  # loaded blocks indexed
+        sched.update(plan)
+        assert not tiers.problems()
+        held = set(pool.cached) | set(tiers.stores[0].hashes()) | set(tiers.stores[1].hashes())
+        assert evicted <= held
+        assert tiers.counters.num_dropped == 0
+        assert pool.num_free + sum(1 for r in pool.ref_cnt if r > 0) == pool.num_blocks
+        assert tiers.host is not None and sched.num_host_blocks_used == tiers.host.num_reserved
+    assert not sched.has_work
+    for request in added:
+        assert request.status is RequestStatus.REJECTED or request.num_output_tokens == request.max_output_tokens
