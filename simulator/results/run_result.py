@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import BaseModel
 
+from simulator.results.day import DayResult
 from simulator.results.pools import FleetFigures
 from simulator.results.request_log import RequestLog
 from simulator.results.series import SERIES_COLUMNS, ReplicaSeries
@@ -50,6 +51,8 @@ class VariantResult:
     """Variants may override hardware or model, so each carries its own profile."""
     fleet: FleetFigures | None = None
     """A fleet declared as pools (``fleet.pools``): each pool's figures, goodput per GPU, hand-offs."""
+    day: DayResult | None = None
+    """A fleet whose replicas come and go (lifecycle, autoscaling, failures): its figures and records."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,6 +148,8 @@ class RunResult:
         }
         if any(v.fleet is not None for v in self.variants.values()):
             doc["fleet"] = {name: v.fleet.to_dict() for name, v in self.variants.items() if v.fleet is not None}
+        if any(v.day is not None for v in self.variants.values()):
+            doc["day"] = {name: v.day.figures.to_dict() for name, v in self.variants.items() if v.day is not None}
         return json.dumps(doc, sort_keys=True, indent=2, allow_nan=False) + "\n"
 
 
