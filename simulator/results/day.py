@@ -9,6 +9,7 @@ Written by ``fleet.dynamic`` a few times per decision or failure, never per step
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -166,3 +167,26 @@ class DayResult:
 
     figures: DayFigures
     log: DayLog
+
+
+DAY_TABLES = ("decisions.csv", "lifecycle_events.csv", "replicas.csv")
+"""The run folder's tables of a fleet that changed size (written only for such a run)."""
+
+
+def day_tables(days: Mapping[str, DayResult]) -> dict[str, pd.DataFrame]:
+    """The autoscaler's decisions, the lifecycle and failure events, and the replica counts over time, of
+    every variant (a ``variant`` column first); none when no variant changed size."""
+    if not days:
+        return {}
+    import pandas as pd
+
+    out = {}
+    for table, frame_of in zip(DAY_TABLES, (DayLog.decisions_frame, DayLog.events_frame, DayLog.counts_frame),
+                               strict=True):
+        frames = []
+        for name, day in days.items():
+            frame = frame_of(day.log)
+            frame.insert(0, "variant", name)
+            frames.append(frame)
+        out[table] = pd.concat(frames, ignore_index=True)
+    return out
