@@ -241,10 +241,8 @@ class DynamicFleet:
     def _retry(self, spec: RequestSpec, now: float) -> None:
         rid = spec.request_id
         day = self.day
-        day.num_lost += 1
         if day.retries[rid] >= self._max_retries:
-            day.failed[rid] = True
-            self.last_failure_s = now
+            self._give_up(spec, now)
             return
         day.retries[rid] += 1
         self.dispatch(spec, now)
@@ -391,9 +389,18 @@ class DynamicFleet:
             self.day.decisions.append((now, decision.observed_s, decision.current, decision.wanted,
                                        decision.target, decision.reason))
             self._apply(decision.target, counted, now)
+        if self.scaler is None and self.held and not any(s.state not in ENDED for s in self.slots):
+            # Every replica is gone and nothing will start one (failures without replacement): what waits
+            # at the router can never be served.
+            while self.held:
+                self._give_up(self.held.popleft(), now)
         if self._drained():
             raise _Drained
         self._after(self.interval_s, self.tick)
+
+    def _give_up(self, spec: RequestSpec, now: float) -> None:
+        self.day.failed[spec.request_id] = True
+        self.last_failure_s = now
 
     def _apply(self, target: int, counted: list[Slot], now: float) -> None:
         current = len(counted)

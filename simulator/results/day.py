@@ -38,8 +38,6 @@ class DayLog:
     """(time_s, ready, starting, draining, held requests, arrivals per second over the window)."""
     retries: np.ndarray = field(init=False)
     failed: np.ndarray = field(init=False)
-    num_lost: int = 0
-    """Times a request was lost with its replica (each is a retry or a failure)."""
 
     def __post_init__(self) -> None:
         self.retries = np.zeros(self.num_requests, dtype=np.int32)

@@ -228,6 +228,14 @@ def test_retries_exhausted_are_counted_failed() -> None:
     assert variant.summary.requests_completed == variant.summary.requests_arrived - failed
 
 
+def test_a_fleet_that_lost_every_replica_fails_what_waits_instead_of_running_forever() -> None:
+    variant = simulate(["fleet.replicas=2", "failures={node_failures: [{at_s: 200, node: 0}], replace: false}"])
+    assert variant.day is not None
+    failed = variant.summary.requests_failed
+    assert failed is not None and failed > 0
+    assert variant.summary.requests_completed + failed == variant.summary.requests_arrived
+
+
 def test_spot_interruption_drains_first_and_loses_only_what_is_left() -> None:
     spot = "failures={spot_interruptions: [{at_s: 300, node: 0, notice_s: 120}]}"
     variant = simulate(["fleet.replicas=4", spot])
