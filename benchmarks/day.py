@@ -92,7 +92,8 @@ def compare(args: argparse.Namespace) -> None:
 def speed(args: argparse.Namespace) -> None:
     peak = args.replicas * args.rps_per_replica
     overrides = _only("static-5", [f"fleet.replicas={args.replicas}", f"workload.arrival.peak_rps={peak:g}",
-                                   f"workload.arrival.trough_rps={peak / 8:g}", "failures.node_failures=[]",
+                                   f"workload.arrival.trough_rps={peak / 8:g}", "workload.arrival.bursts=[]",
+                                   "failures.node_failures=[]",
                                    f"workload.duration_s={args.hours * 3600:g}", "simulation.sample_interval_s=300"])
     envs: list[Any] = []
 

@@ -212,8 +212,9 @@ class ScheduleAutoscaler:
 
 
 class OracleAutoscaler:
-    """Knows every future arrival: asks now for what the busiest window of the load one cold start ahead
-    needs at ``rps_per_replica`` (replicas asked for now serve from then on)."""
+    """Knows every future arrival: holds what the busiest window of the load from now to one cold start
+    (and one decision) ahead needs at ``rps_per_replica``: replicas asked for now serve from then on, and
+    none is stopped that the load before then still needs."""
 
     name: ClassVar[str] = "oracle"
 
@@ -238,11 +239,12 @@ class OracleAutoscaler:
         return float(last - first) / (end_s - start_s)
 
     def desired(self, observation: Observation, current: int, now_s: float) -> tuple[int, str]:
-        # Until the next decision takes effect, the replicas asked for now are the ones serving: cover the
-        # busiest window from one cold start ahead to one interval after that.
-        start = now_s + self._lead_s
-        rate = max(self.rate_between(start + offset, start + offset + self._window_s)
-                   for offset in (0.0, self._interval_s))
+        # A replica asked for now serves from one cold start on, but one stopped now is gone at once: hold
+        # what the busiest window from now to a cold start and one decision ahead needs.
+        window = self._window_s
+        starts = now_s + np.arange(0.0, self._lead_s + self._interval_s + window / 2, window / 2)
+        counts = np.searchsorted(self._arrivals, starts + window) - np.searchsorted(self._arrivals, starts)
+        rate = float(counts.max()) / window
         return max(1, math.ceil(rate / self._rps)), f"{rate:.1f} rps ahead"
 
 

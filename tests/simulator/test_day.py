@@ -184,6 +184,11 @@ def test_oracle_sizes_for_the_load_one_cold_start_ahead() -> None:
     assert oracle.desired(observation(), 1, 500)[0] == 3  # ceil(10 / 4.5)
     assert oracle.desired(observation(), 1, 900)[0] == 9  # the step is within a cold start: ceil(40 / 4.5)
     assert oracle.desired(observation(), 1, 800)[0] == 3
+    # Going down: it holds the high load's replicas until the load ahead no longer needs them.
+    falling = np.concatenate([np.arange(0, 1000, 0.025), np.arange(1000, 2000, 0.1)])
+    oracle = OracleAutoscaler(arrivals_s=falling, rps_per_replica=4.5, lead_s=100, window_s=60, interval_s=15)
+    assert oracle.desired(observation(), 9, 900)[0] == 9
+    assert oracle.desired(observation(), 9, 1100)[0] == 3
 
 
 def test_every_policy_runs_and_logs_its_decisions() -> None:
