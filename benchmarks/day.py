@@ -4,6 +4,7 @@
     python benchmarks/day.py curve --hours 12 --provision 0 120 300 600
     python benchmarks/day.py compare               # static N (searched) vs every policy of the day scenario
     python benchmarks/day.py speed --replicas 64   # a day at 64 replicas: wall time, events, requests
+    python benchmarks/day.py speed --replicas 64 --rps-per-replica 0.1 [--plain]   # a lighter day; --plain: static path
 
 ``curve`` runs the day scenario's ``concurrency`` and ``slo`` variants at several provisioning times (the
 cold start is provisioning + weights / bandwidth + warm-up) and the oracle once per cold start, and prints
@@ -94,6 +95,7 @@ def speed(args: argparse.Namespace) -> None:
     overrides = _only("static-5", [f"fleet.replicas={args.replicas}", f"workload.arrival.peak_rps={peak:g}",
                                    f"workload.arrival.trough_rps={peak / 8:g}", "workload.arrival.bursts=[]",
                                    "failures.node_failures=[]",
+                                   *(["lifecycle=null", "failures=null"] if args.plain else []),
                                    f"workload.duration_s={args.hours * 3600:g}", "simulation.sample_interval_s=300"])
     envs: list[Any] = []
 
@@ -111,7 +113,9 @@ def speed(args: argparse.Namespace) -> None:
     v = next(iter(result.variants.values()))
     events = event_ids(envs[0]).next_id
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"{args.replicas} replicas, {args.hours:g} h, peak {peak:g} req/s: {v.summary.requests_arrived:,} requests, "
+    path = "static path" if args.plain else "dynamic path"
+    print(f"{path}: {args.replicas} replicas, {args.hours:g} h, peak {peak:g} req/s: "
+          f"{v.summary.requests_arrived:,} requests, "
           f"{events:,} SimPy events, wall {wall:.1f} s, CPU {cpu:.1f} s, "
           f"{v.summary.requests_arrived / cpu:,.0f} requests per CPU second, peak RSS {rss_mb:,.0f} MB")
 
@@ -134,6 +138,7 @@ def main() -> None:
     s.add_argument("--replicas", type=int, default=64)
     s.add_argument("--rps-per-replica", type=float, default=1.0)
     s.add_argument("--hours", type=float, default=24.0)
+    s.add_argument("--plain", action="store_true", help="the static fleet's own path (no lifecycle, no failures)")
     s.set_defaults(func=speed)
     args = parser.parse_args()
     args.func(args)

@@ -251,6 +251,25 @@ def test_spot_interruption_drains_first_and_loses_only_what_is_left() -> None:
     assert variant.summary.requests_completed == variant.summary.requests_arrived
 
 
+def test_soak_with_every_kind_of_failure_conserves_requests() -> None:
+    """An hour of a diurnal load with crashes every few minutes, a node failure, a spot interruption and an
+    autoscaler in the loop: every arrival ends completed, failed or rejected, exactly (the run check also
+    verifies every replica's KV, crashed ones included)."""
+    variant = simulate([
+        "workload.duration_s=3600", "workload.arrival.period_s=1800", "workload.arrival.peak_at_s=900",
+        "fleet.replicas=3", "autoscaling={policy: concurrency, target: 6, max_replicas: 8}",
+        "failures={mtbf_h: 0.1, max_retries: 1, detection_s: 20, node_failures: [{at_s: 900, node: 1}], "
+        "spot_interruptions: [{at_s: 2000, node: 2, notice_s: 10}]}",
+    ])
+    assert variant.day is not None
+    s = variant.summary
+    figures = variant.day.figures
+    assert figures.num_crashes >= 10 and figures.requests_retried > 0
+    assert s.requests_in_flight == 0
+    assert s.requests_completed + (s.requests_failed or 0) + s.requests_rejected == s.requests_arrived
+    assert (s.requests_failed or 0) == int(variant.day.log.failed.sum())
+
+
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(crash_times=st.lists(st.floats(0, 590), min_size=1, max_size=4), node_at=st.floats(0, 590),
        horizon=st.booleans(), retries=st.integers(0, 2), policy=st.sampled_from(["none", "concurrency", "slo"]))
