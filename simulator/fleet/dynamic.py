@@ -92,6 +92,7 @@ class DynamicFleet:
         self.ready: list[Slot] = []
         """Routable slots in replica-id order (a crashed one stays until detected)."""
         self._views: list[Replica] = []
+        self._ready_ids: list[int] = []
         self.held: deque[RequestSpec] = deque()
         """Requests waiting at the router for a ready replica."""
         self.router = make_router(self.base.router, 1, self.base.seed)
@@ -183,14 +184,19 @@ class DynamicFleet:
         if now > 0:
             self.day.event(now, "ready", slot.replica_id)
         bisect.insort(self.ready, slot, key=lambda s: s.replica_id)
-        self._views = [s.replica for s in self.ready]
+        self._routable()
         while self.held and self.ready:
             self.dispatch(self.held.popleft(), now)
 
     def _unroute(self, slot: Slot) -> None:
         if slot in self.ready:
             self.ready.remove(slot)
-            self._views = [s.replica for s in self.ready]
+            self._routable()
+
+    def _routable(self) -> None:
+        """The router's views and ids of the ready replicas, rebuilt when they change (rarely)."""
+        self._views = [s.replica for s in self.ready]
+        self._ready_ids = [s.replica_id for s in self.ready]
 
     def cancel(self, slot: Slot, now: float) -> None:
         """Stop a replica still starting (it never served)."""
@@ -228,8 +234,7 @@ class DynamicFleet:
             self.held.append(spec)
             return
         if self._least:  # least_requests: the first replica with the fewest requests, lowest id on ties
-            loads = self.loads
-            slot = min(ready, key=lambda s: loads[s.replica.replica_id])
+            slot = self.slots[min(self._ready_ids, key=self.loads.__getitem__)]
         else:
             slot = ready[self.router.choose(spec, self._views, now)]
         self.log.on_routed(spec.request_id, slot.replica_id)
