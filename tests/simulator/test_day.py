@@ -330,3 +330,21 @@ def test_run_folder_has_the_day_tables_and_summary_section(tmp_path: Path, capsy
     for table in ("decisions.csv", "lifecycle_events.csv", "replicas.csv"):
         assert (out / table).is_file(), table
     assert "Replicas over the day" in (out / "report.html").read_text()
+
+
+def test_plan_compares_the_static_answer_with_each_autoscaler(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    data = json.loads(json.dumps(BASE))
+    data["variants"] = {"concurrency": {"autoscaling": {"policy": "concurrency", "target": 8}},
+                        "oracle": {"autoscaling": {"policy": "oracle", "rps_per_replica": 10}}}
+    scenario = tmp_path / "day.json"
+    scenario.write_text(json.dumps(data))
+    out = tmp_path / "plan"
+    code = main(["plan", str(scenario), "--max-replicas", "3", "--seeds", "1", "--no-knee", "--autoscalers",
+                 "--out", str(out), "--quiet"])
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    table = (out / "autoscalers.csv").read_text().splitlines()
+    assert table[0].startswith("variant,policy,replicas,gpu_hours,cost_per_day_usd")
+    assert [row.split(",")[1] for row in table[1:]] == ["static", "concurrency", "oracle"]
+    assert "static fleet against each autoscaler" in stdout
