@@ -252,14 +252,15 @@ def test_spot_interruption_drains_first_and_loses_only_what_is_left() -> None:
 
 
 def test_soak_with_every_kind_of_failure_conserves_requests() -> None:
-    """An hour of a diurnal load with crashes every few minutes, a node failure, a spot interruption and an
+    """Half an hour of a diurnal load with crashes every few minutes, a node failure, a spot interruption and an
     autoscaler in the loop: every arrival ends completed, failed or rejected, exactly (the run check also
     verifies every replica's KV, crashed ones included)."""
     variant = simulate([
-        "workload.duration_s=3600", "workload.arrival.period_s=1800", "workload.arrival.peak_at_s=900",
-        "fleet.replicas=3", "autoscaling={policy: concurrency, target: 6, max_replicas: 8}",
-        "failures={mtbf_h: 0.1, max_retries: 1, detection_s: 20, node_failures: [{at_s: 900, node: 1}], "
-        "spot_interruptions: [{at_s: 2000, node: 2, notice_s: 10}]}",
+        "workload.duration_s=1800", "workload.arrival.period_s=900", "workload.arrival.peak_at_s=450",
+        "workload.arrival.peak_rps=20", "fleet.replicas=3",
+        "autoscaling={policy: concurrency, target: 6, max_replicas: 8}",
+        "failures={mtbf_h: 0.05, max_retries: 1, detection_s: 20, node_failures: [{at_s: 450, node: 1}], "
+        "spot_interruptions: [{at_s: 1000, node: 2, notice_s: 10}]}",
     ])
     assert variant.day is not None
     s = variant.summary
@@ -335,6 +336,7 @@ def test_run_folder_has_the_day_tables_and_summary_section(tmp_path: Path, capsy
 def test_plan_compares_the_static_answer_with_each_autoscaler(tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     data = json.loads(json.dumps(BASE))
+    data["workload"]["duration_s"] = 200
     data["variants"] = {"concurrency": {"autoscaling": {"policy": "concurrency", "target": 8}},
                         "oracle": {"autoscaling": {"policy": "oracle", "rps_per_replica": 10}}}
     scenario = tmp_path / "day.json"
