@@ -33,8 +33,11 @@ from simulator.cost.profile import Profile, config_error_from_validation, get_ac
 from simulator.cost.reprice import at_dtypes
 from simulator.cost.speculation import SpeculativeConfig
 from simulator.errors import ConfigError
+from simulator.fleet.autoscaler import AutoscalingConfig
 from simulator.fleet.disaggregation import DisaggregationConfig
+from simulator.fleet.failures import FailuresConfig
 from simulator.fleet.kv_store import TierGroup, check_groups
+from simulator.fleet.lifecycle import LifecycleConfig
 from simulator.fleet.router import RouterConfig
 from simulator.results.summary import SLO, CostConfig
 from simulator.workload.config import WorkloadConfig
@@ -241,8 +244,29 @@ class Scenario(_Section):
     kv_tiers: KVTiersConfig | None = None
     """KV tiers below every replica's GPU pool (host, disk) and a store shared by the replicas; None = none
     (an evicted prefix block is gone)."""
+    lifecycle: LifecycleConfig | None = None
+    """How long a new replica takes to serve (provisioning, weights, warm-up); set (or ``autoscaling`` or
+    ``failures`` set) makes the fleet one whose replicas come and go (``fleet/dynamic.py``)."""
+    autoscaling: AutoscalingConfig | None = None
+    """An autoscaler in the loop (``fleet.replicas`` replicas at the start); None = a fixed fleet."""
+    failures: FailuresConfig | None = None
+    """Replica crashes, node failures and spot interruptions; None = nothing fails."""
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Named overrides of the sections above, run side by side on the identical request stream."""
+
+    @property
+    def is_dynamic(self) -> bool:
+        """Replicas come and go (a lifecycle, an autoscaler or failures): the fleet of ``fleet/dynamic.py``."""
+        return self.lifecycle is not None or self.autoscaling is not None or self.failures is not None
+
+    @model_validator(mode="after")
+    def _dynamic_fleet_is_one_pool(self) -> Scenario:
+        if self.is_dynamic and self.fleet.pools is not None:
+            raise ValueError("lifecycle, autoscaling and failures apply to a fleet of one pool (fleet.replicas), "
+                             "not to fleet.pools")
+        if self.is_dynamic and self.kv_tiers is not None:
+            raise ValueError("kv_tiers apply to a fixed fleet: not yet with lifecycle, autoscaling or failures")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -873,7 +897,7 @@ def check_memory(scenario: Scenario) -> None:
     )
 
 
-OPTIONAL_SECTIONS = (("disaggregation",), ("fleet", "pools"))
+OPTIONAL_SECTIONS = (("disaggregation",), ("fleet", "pools"), ("lifecycle",), ("autoscaling",), ("failures",))
 """Sections of features a run may not use: left out of its record when unset, so the record of a run
 without them reads as it did before they existed."""
 

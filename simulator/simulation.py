@@ -18,10 +18,13 @@ from simulator.cost.cost_model import CostModel
 from simulator.cost.profile import get_accelerator
 from simulator.cost.speed import relative_speeds
 from simulator.errors import ConfigError
+from simulator.fleet.dynamic import DynamicSetup, run_dynamic_fleet
 from simulator.fleet.fleet import FleetRun, FleetSetup, InspectFn, ProgressFn, run_fleet
 from simulator.fleet.kv_store import TierRun
+from simulator.fleet.lifecycle import LifecycleConfig, cold_start
 from simulator.fleet.pooled import PooledSetup, PoolGroup, run_pooled_fleet
 from simulator.fleet.replica import Replica
+from simulator.results.day import DayResult, day_figures
 from simulator.results.handoffs import handoff_figures
 from simulator.results.invariants import ReplicaEnd, check_requested, check_run
 from simulator.results.pools import PoolRecord, blended_price, fleet_figures
@@ -78,6 +81,9 @@ def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",
     if scenario.fleet.pools is not None:
         return _simulate_pools(scenario, workload, name=name, progress=progress, inspect=inspect, prepare=prepare,
                                check=check)
+    if scenario.is_dynamic:
+        return _simulate_dynamic(scenario, workload, name=name, progress=progress, inspect=inspect, prepare=prepare,
+                                 check=check)
     setup = resolve_replica(scenario)
     fleet_settings = fleet_setup(scenario, setup)
     check_sample_grid(scenario, workload, fleet_settings.cost)
@@ -211,7 +217,7 @@ def replica_end(replica: Replica, handoff: Mapping[int, int] | None = None) -> R
 
 
 def _finish_run(scenario: Scenario, workload: Workload, fleet: FleetRun, *, name: str, check: bool,
-                client: ClientPath) -> None:
+                client: ClientPath, failed: np.ndarray | None = None, pending: list[int] | None = None) -> None:
     """After the clock stopped: a warm-up that measured nothing is an error, cut decode runs are settled,
     first and last tokens moved to a buffering proxy's flushes, each request's produced tokens logged, and
     (``check``) the run's invariants verified."""
@@ -227,7 +233,8 @@ def _finish_run(scenario: Scenario, workload: Workload, fleet: FleetRun, *, name
                                for rid, (produced, _) in _live(replica, handoff).items()})
     if check_requested(check):
         check_run(fleet.log, [replica_end(replica, handoff) for replica in fleet.replicas], variant=name,
-                  num_requests=len(workload), horizon=scenario.simulation.horizon_s is not None)
+                  num_requests=len(workload), horizon=scenario.simulation.horizon_s is not None, failed=failed,
+                  pending=pending or [])
 
 
 def num_replicas(scenario: Scenario) -> int:
@@ -255,7 +262,8 @@ def fleet_setup(scenario: Scenario, setup: ReplicaSetup) -> FleetSetup:
 
 
 def _summary(scenario: Scenario, fleet: FleetRun, *, num_gpus: int | None = None,
-             usd_per_gpu_hour: float | None = None) -> Summary:
+             usd_per_gpu_hour: float | None = None, failed: np.ndarray | None = None,
+             gpu_hours: float | None = None) -> Summary:
     """The variant's headline figures from the fleet's log, series and schedulers (``num_gpus`` and
     ``usd_per_gpu_hour``: a fleet of pools gives its own; else the fleet section's)."""
     sim = scenario.simulation
@@ -279,6 +287,8 @@ def _summary(scenario: Scenario, fleet: FleetRun, *, num_gpus: int | None = None
         running_mean=fleet_running_mean(series, warmup_s=sim.warmup_s),
         running_peak=max(s.peak_running for s in series),
         kv_waste_mean=fleet_kv_waste(series),
+        failed=failed,
+        gpu_hours=gpu_hours,
     )
     rows = sum(r.scheduler.num_spec_rows for r in replicas)
     if not rows:
@@ -286,6 +296,38 @@ def _summary(scenario: Scenario, fleet: FleetRun, *, num_gpus: int | None = None
     drafts = sum(r.scheduler.num_draft_tokens for r in replicas)
     accepted = sum(r.scheduler.num_accepted_tokens for r in replicas)
     return replace(summary, spec_tokens_per_step=1 + accepted / rows, spec_acceptance_rate=accepted / drafts)
+
+
+def _simulate_dynamic(scenario: Scenario, workload: Workload, *, name: str, progress: ProgressFn | None,
+                      inspect: InspectFn | None, prepare: InspectFn | None, check: bool) -> VariantResult:
+    """A variant whose replicas come and go (``lifecycle``, ``autoscaling``, ``failures``): the fleet of
+    ``fleet.dynamic``, its figures of the day beside the summary."""
+    setup = resolve_replica(scenario)
+    base = fleet_setup(scenario, setup)
+    check_sample_grid(scenario, workload, base.cost)
+    lifecycle = scenario.lifecycle if scenario.lifecycle is not None else LifecycleConfig()
+    slo = scenario.slo
+    run = run_dynamic_fleet(DynamicSetup(
+        base=base, tp=scenario.fleet.tp, lifecycle=lifecycle,
+        cold_start=cold_start(lifecycle, setup.profile.memory.weight_bytes),
+        autoscaling=scenario.autoscaling, failures=scenario.failures,
+        ttft_target_ms=None if slo is None else slo.ttft_ms, tpot_target_ms=None if slo is None else slo.tpot_ms,
+    ), workload, name=name, progress=progress, inspect=inspect, prepare=prepare)
+    fleet = run.fleet
+    failed = run.day.failed if scenario.failures is not None else None
+    _finish_run(scenario, workload, fleet, name=name, check=check, client=client_path(scenario, [setup.profile]),
+                failed=run.day.failed, pending=run.pending)
+    price = gpu_price(scenario, scenario.fleet.hardware)
+    peak = max((count[1] + count[2] + count[3] for count in run.day.counts), default=scenario.fleet.replicas)
+    summary = _summary(scenario, fleet, num_gpus=peak * scenario.fleet.tp, usd_per_gpu_hour=price, failed=failed,
+                       gpu_hours=run.gpu_hours)
+    policy = scenario.autoscaling.policy if scenario.autoscaling is not None else "static"
+    figures = day_figures(run.day, fleet.log, policy=policy, gpu_hours=run.gpu_hours, usd_per_gpu_hour=price,
+                          duration_s=fleet.end_s, slo=slo)
+    profile = setup.profile
+    return VariantResult(name=name, requests=fleet.log, series=fleet.series, summary=summary,
+                         profile=ProfileInfo(name=profile.name, kind=profile.kind.value, label=profile.label),
+                         day=DayResult(figures=figures, log=run.day))
 
 
 def gpu_price(scenario: Scenario, hardware: str) -> float | None:

@@ -23,6 +23,7 @@ def cmd_policies(args: argparse.Namespace) -> int:
     from simulator.core.kv_tiers import EVICTION_POLICIES, TierKind, TierSource
     from simulator.core.presets import PRESETS
     from simulator.cost.link import load_links
+    from simulator.fleet.autoscaler import AUTOSCALERS
     from simulator.fleet.disaggregation import FirstToken, TransferMode
     from simulator.fleet.router import ROUTERS
 
@@ -32,6 +33,7 @@ def cmd_policies(args: argparse.Namespace) -> int:
         "preemption": [p.value for p in Preemption],
         "queue": [q.value for q in QueuePolicy],
         "router": list(ROUTERS),
+        "autoscaler": list(AUTOSCALERS),
         "preset": list(PRESETS),
         "pool role": [r.value for r in Role],
         "kv link": list(load_links()),

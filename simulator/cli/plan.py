@@ -46,6 +46,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(result.text())
     print(f"plan: {path}")
     print(f"page: {page} (latency and attainment against replicas)")
+    if args.autoscalers and result.replicas is not None:
+        from simulator.planning.autoscaling import compare_policies
+        from simulator.planning.plan import loaded_scenario
+        from simulator.scenario import load_mapping
+
+        loaded = loaded_scenario(args.scenario, tuple(args.set or []))
+        if slo is not None:  # the plan's SLO: the --slo fields over the scenario's, as the plan judged by
+            raw = {**loaded.raw, "slo": {**(loaded.raw.get("slo") or {}),
+                                         **slo.model_dump(exclude_unset=True, exclude_none=True)}}
+            loaded = load_mapping(raw, source=loaded.source)
+        comparison = compare_policies(loaded, static_replicas=result.replicas,
+                                      log=None if args.quiet else print_log)
+        print(comparison.text())
+        print(f"autoscalers: {comparison.save(out)}")
     return 0 if result.replicas is not None else 1
 
 
@@ -129,6 +143,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--objective", choices=["gpus", "cost"], default="gpus",
                    help="with --layouts, the fewest GPUs (ties: lower cost) or the lowest $ per Mtok")
     p.add_argument("--max-gpus", type=int, default=16, help="with --layouts, give up beyond this many GPUs (16)")
+    p.add_argument("--autoscalers", action="store_true",
+                   help="then run the plan's static fleet beside every autoscaled variant of the scenario (its "
+                        "autoscaling sections): GPU-hours, $/day, SLO-minutes lost; writes autoscalers.csv")
     p.add_argument("--out", help="output folder for plan.json, trials.csv and plan.html (default runs/NAME-plan)")
     p.add_argument("--overwrite", action="store_true", help="write into an existing non-empty --out")
     p.add_argument("--quiet", action="store_true", help="no progress lines")

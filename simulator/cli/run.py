@@ -127,7 +127,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"SLO {'met' if verdict else 'NOT met'} by {name}: attainment {shown}")
     if args.check:
         print(f"run check passed: {len(result.variants)} variant(s); every request finished once or is counted "
-              "rejected or in flight, tokens add up, KV blocks conserved, latencies non-negative, TTFT <= E2E")
+              "rejected, failed (after its retries) or in flight, tokens add up, KV blocks conserved, latencies "
+              "non-negative, TTFT <= E2E")
     print(f"report: {saved / 'report.html'}" if files is RunFiles.ALL else f"results: {saved}")
     from simulator import native
 

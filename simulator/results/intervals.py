@@ -77,7 +77,10 @@ def summaries_with_ci(summaries: Sequence[Summary], *, confidence: float = 0.95)
     resamples: dict[int, np.ndarray] = {}  # seed indices per sample size, shared by every metric
     out: dict[str, MetricCI] = {}
     for f in fields(Summary):
-        values = np.array([float(getattr(s, f.name)) for s in summaries])
+        raw = [getattr(s, f.name) for s in summaries]
+        if any(value is None for value in raw):
+            continue  # a figure that does not apply to these runs (requests_failed without failures)
+        values = np.array([float(value) for value in raw])
         out[f.name] = metric_interval(values[np.isfinite(values)], confidence=confidence, resamples=resamples)
     return out
 

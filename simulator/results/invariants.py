@@ -2,8 +2,10 @@
 on in the test suite through ``$FLEETSIM_CHECK``).
 
 - Every arrived request finished exactly once (the log counts finish events), or is counted rejected, or
-  in flight (the horizon cut it) and then still held by exactly the replica it was routed to; without a
-  horizon none is in flight and every request of the workload arrived.
+  failed (a fleet with failures gave up after its retries: held nowhere, never finished), or in flight (the
+  horizon cut it) and then still held by exactly the replica it was routed to (or by the fleet, waiting
+  for a ready replica or lost with an undetected crash); without a horizon none is in flight and every
+  request of the workload arrived. So arrivals = completed + failed + rejected (+ in flight), exactly.
 - Tokens: a completed request produced every token it asked for, an in-flight one fewer (and it has a
   first token exactly when it produced one), a rejected one none.
 - KV: on every replica, each block's reference count equals the references the live requests' block
@@ -66,9 +68,13 @@ class ReplicaEnd:
 
 
 def check_run(log: RequestLog, ends: Sequence[ReplicaEnd], *, variant: str, num_requests: int,
-              horizon: bool) -> None:
-    """Raise ``InvariantError`` naming every invariant the run broke; return quietly when all hold."""
-    problems = [*_request_problems(log, ends, num_requests=num_requests, horizon=horizon),
+              horizon: bool, failed: np.ndarray | None = None, pending: Sequence[int] = ()) -> None:
+    """Raise ``InvariantError`` naming every invariant the run broke; return quietly when all hold.
+    ``failed``: requests a fleet with failures gave up on after their retries (per id); ``pending``:
+    requests the fleet itself holds at the horizon (waiting at the router for a ready replica, or lost with
+    a crashed replica the router has not noticed yet), held there as if by the replica last routed to."""
+    problems = [*_request_problems(log, ends, num_requests=num_requests, horizon=horizon, failed=failed,
+                                   pending=pending),
                 *_latency_problems(log), *(p for end in ends for p in _kv_problems(end))]
     if problems:
         raise InvariantError(one_line(f"run check failed ({variant}): {'; '.join(problems)}"))
@@ -81,7 +87,7 @@ def _ids(mask: np.ndarray) -> str:
 
 
 def _request_problems(log: RequestLog, ends: Sequence[ReplicaEnd], *, num_requests: int,
-                      horizon: bool) -> list[str]:
+                      horizon: bool, failed: np.ndarray | None = None, pending: Sequence[int] = ()) -> list[str]:
     c = log.columns()
     out = c["output_tokens"]
     produced = c["produced_tokens"]
@@ -92,6 +98,16 @@ def _request_problems(log: RequestLog, ends: Sequence[ReplicaEnd], *, num_reques
     held = np.zeros(len(out), dtype=np.int64)
     held_by = np.full(len(out), -1, dtype=np.int64)
     problems: list[str] = []
+    gave_up = np.zeros(len(out), dtype=bool)
+    if failed is not None:
+        gave_up = failed[: len(out)].copy()
+        in_flight = in_flight & ~gave_up
+    for rid in pending:
+        if 0 <= rid < len(held):
+            held[rid] += 1
+            held_by[rid] = c["replica"][rid]
+        else:
+            problems.append(f"the fleet holds request {rid}, which never arrived")
     for end in ends:
         for rid in end.live:
             if 0 <= rid < len(held):
@@ -104,9 +120,11 @@ def _request_problems(log: RequestLog, ends: Sequence[ReplicaEnd], *, num_reques
         problems.append(f"{log.num_finishes} finish events for {int(finished.sum())} finished requests: a request "
                         "finished more than once")
     rules = [
+        ("failed yet finished, rejected or held", gave_up & (finished | rejected | (held > 0))),
+        ("failed without arriving", gave_up & ~arrived),
         ("rejected yet finished or served", rejected & (finished | ~np.isnan(c["first_token_s"]))),
         ("in flight but held by no replica (lost)", in_flight & (held == 0)),
-        ("held by a replica but not in flight in the log", ~in_flight & (held > 0)),
+        ("held by a replica but not in flight in the log", ~in_flight & ~gave_up & (held > 0)),
         ("held by more than one replica", held > 1),
         ("held by a replica other than the one it was routed to", in_flight & (held == 1) & (held_by != c["replica"])),
         ("completed with produced tokens != requested", completed & (produced != out)),

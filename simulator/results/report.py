@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from simulator.results.day_report import day_plots, day_table
 from simulator.results.request_log import RequestOutcome
 from simulator.results.run_result import RunResult, VariantResult
 from simulator.results.summary import Summary, goodput_per_gpu
@@ -452,6 +453,7 @@ def build_figures(result: RunResult) -> dict[str, go.Figure]:
     for i, (name, v) in enumerate(result.variants.items()):
         figures[f"kv-util-{i}"] = _kv_figure(v, series[name], i)
     figures.update(tier_figures(result))
+    figures.update(day_plots({name: v.day for name, v in result.variants.items() if v.day is not None}))
 
     warmup_s = max(v.summary.warmup_s for v in result.variants.values())
     if warmup_s > 0:
@@ -505,6 +507,7 @@ def render_report(result: RunResult) -> str:
         f'<h1>{title}</h1><p class="meta">fleetsim report · profile {profiles} · '
         f"{len(result.variants)} variant(s)</p>{banner}"
         f"<h2>Summary</h2>{_summary_table(result)}{_pools_table(result)}{tiers_table(result)}"
+        f"{day_table({name: v.day for name, v in result.variants.items() if v.day is not None})}"
         '<p class="note">Latency percentiles are over completed requests; SLO attainment counts rejected '
         "and unfinished requests as failures against all arrivals.</p>"
         f'<h2>Latency and load</h2><div class="grid">{"".join(divs)}</div>'

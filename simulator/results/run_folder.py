@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from simulator.errors import ConfigError
+from simulator.results.day import DAY_TABLES, day_tables
 from simulator.results.run_result import RunResult
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ class RunFiles(StrEnum):
 
 
 RUN_FILE_NAMES = frozenset({"requests.parquet", "requests.csv", "series.parquet", "series.csv", "summary.json",
-                            "report.html"})
+                            "report.html", *DAY_TABLES})
 """Every file a save may write: an earlier run's copy of one is never carried into a new save, even one
 that writes fewer (a report of the old run beside the new summary would mislead)."""
 
@@ -146,6 +147,10 @@ def _write_files(result: RunResult, folder: Path, files: RunFiles = RunFiles.ALL
         return names
     names |= {_write_table(result.requests_df(), folder / "requests").name,
               _write_table(result.series_df(), folder / "series").name}
+    days = {name: v.day for name, v in result.variants.items() if v.day is not None}
+    for table, frame in day_tables(days).items():  # a fleet that changed size: what it did, as small tables
+        frame.to_csv(folder / table, index=False)
+        names.add(table)
     if files is RunFiles.ALL:
         (folder / "report.html").write_text(render_report(result), encoding="utf-8")
         names.add("report.html")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import BaseModel
 
+from simulator.results.day import DayResult
 from simulator.results.kv_tiers import TierFigures
 from simulator.results.pools import FleetFigures
 from simulator.results.request_log import RequestLog
@@ -53,6 +54,8 @@ class VariantResult:
     """A fleet declared as pools (``fleet.pools``): each pool's figures, goodput per GPU, hand-offs."""
     tiers: TierFigures | None = None
     """A fleet with KV tiers (``kv_tiers``): hits and bytes per tier, decisions, the TTFT split."""
+    day: DayResult | None = None
+    """A fleet whose replicas come and go (lifecycle, autoscaling, failures): its figures and records."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -153,6 +156,8 @@ class RunResult:
             doc["fleet"] = {name: v.fleet.to_dict() for name, v in self.variants.items() if v.fleet is not None}
         if any(v.tiers is not None for v in self.variants.values()):
             doc["kv_tiers"] = {name: v.tiers.to_dict() for name, v in self.variants.items() if v.tiers is not None}
+        if any(v.day is not None for v in self.variants.values()):
+            doc["day"] = {name: v.day.figures.to_dict() for name, v in self.variants.items() if v.day is not None}
         return json.dumps(doc, sort_keys=True, indent=2, allow_nan=False) + "\n"
 
 

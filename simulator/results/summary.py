@@ -140,14 +140,18 @@ class Summary:
     """Speculative decoding: mean tokens a decode row produced per verification (1 + accepted proposals)."""
     spec_acceptance_rate: float = math.nan
     """Speculative decoding: accepted share of the proposals verified."""
+    requests_failed: int | None = None
+    """Requests that lost their replica more often than retries allow (a run with a ``failures``
+    section); None, and left out of summary.json, for a run that models no failures."""
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe and deterministic: NaN → None, floats rounded to 6 significant digits; the
-        speculative decoding figures only where a run had any."""
+        """JSON-safe and deterministic: NaN → None, floats rounded to 6 significant digits; a figure that
+        does not apply to the run is left out (None; the speculative decoding figures where a run had
+        none)."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in _SPECULATIVE and math.isnan(value):
+            if value is None or (f.name in _SPECULATIVE and math.isnan(value)):
                 continue
             if isinstance(value, bool | int):
                 out[f.name] = value
@@ -163,7 +167,7 @@ class Summary:
             if f.name not in data and f.default is not MISSING:
                 continue  # a summary.json written before this figure existed
             value = data[f.name]
-            if f.type in ("int", "bool"):
+            if f.type in ("int", "bool", "int | None"):
                 kwargs[f.name] = value
             else:
                 kwargs[f.name] = math.nan if value is None else float(value)
@@ -196,12 +200,16 @@ def summarize(
     running_mean: float = math.nan,
     running_peak: int = 0,
     kv_waste_mean: float = math.nan,
+    failed: np.ndarray | None = None,
+    gpu_hours: float | None = None,
 ) -> Summary:
     """Summary of one run (definitions in the module docstring).
 
     ``duration_s`` is the run's length from t=0 (through the drain, if the run drained: vLLM's benchmark
     divides by the time until the last completion too). KV utilisation, prefix hit rate and preemptions
-    come from the replicas, which know them exactly.
+    come from the replicas, which know them exactly. ``failed`` marks the requests a fleet with failures
+    gave up on (counted apart from those in flight); ``gpu_hours``: what a fleet that changed size paid
+    for (else every GPU over the measured duration).
     """
     measured_s = duration_s - warmup_s
     if not measured_s > 0:
@@ -210,6 +218,9 @@ def summarize(
     c = log.columns()
     cohort = ~np.isnan(c["arrival_s"]) & (c["arrival_s"] >= warmup_s)
     masks = {k: v & cohort for k, v in log.outcomes().items()}
+    failed_mask = None if failed is None else failed[: len(cohort)] & cohort
+    if failed_mask is not None:
+        masks[RequestOutcome.IN_FLIGHT] = masks[RequestOutcome.IN_FLIGHT] & ~failed_mask
     done = masks[RequestOutcome.COMPLETED]
     lat_ms = {k: v[done] * 1e3 for k, v in latencies_s(c).items()}
     tpot_ms = lat_ms["tpot"][~np.isnan(lat_ms["tpot"])]
@@ -220,7 +231,8 @@ def summarize(
     num_met, attainment, verdict = _slo_outcome(lat_ms, tpot_ms, slo, arrived)
 
     output_tokens = int(c["output_tokens"][done].sum())
-    gpu_hours = num_gpus * measured_s / 3600.0
+    if gpu_hours is None:
+        gpu_hours = num_gpus * measured_s / 3600.0
     price = math.nan if usd_per_gpu_hour is None else float(usd_per_gpu_hour)
     cost = gpu_hours * price / (output_tokens / 1e6) if output_tokens > 0 else math.nan
 
@@ -249,19 +261,13 @@ def summarize(
         running_mean=float(running_mean),
         running_peak=int(running_peak),
         kv_waste_mean=float(kv_waste_mean),
+        requests_failed=None if failed_mask is None else int(failed_mask.sum()),
     )
 
 
 def _slo_outcome(lat_ms: dict[str, np.ndarray], tpot_ms: np.ndarray, slo: SLO, arrived: int) -> tuple[int, float, bool]:
     """(requests meeting every per-request threshold, attainment over arrived requests, the run's verdict)."""
-    meets = np.ones(len(lat_ms["ttft"]), dtype=bool)
-    if slo.ttft_ms is not None:
-        meets &= lat_ms["ttft"] <= slo.ttft_ms
-    if slo.tpot_ms is not None:
-        # NaN TPOT (one output token) compares False: count it as meeting the threshold explicitly.
-        meets &= np.isnan(lat_ms["tpot"]) | (lat_ms["tpot"] <= slo.tpot_ms)
-    if slo.e2e_ms is not None:
-        meets &= lat_ms["e2e"] <= slo.e2e_ms
+    meets = slo_mask(lat_ms, slo)
     num_met = int(meets.sum())
     attainment = num_met / arrived if arrived else math.nan
     p99 = {"ttft": _pct(lat_ms["ttft"], 99), "tpot": _pct(tpot_ms, 99), "e2e": _pct(lat_ms["e2e"], 99)}
@@ -271,6 +277,20 @@ def _slo_outcome(lat_ms: dict[str, np.ndarray], tpot_ms: np.ndarray, slo: SLO, a
         if limit is not None and not p99[name] <= limit:
             verdict = False
     return num_met, attainment, bool(verdict)
+
+
+def slo_mask(lat_ms: Mapping[str, np.ndarray], slo: SLO) -> np.ndarray:
+    """Which requests meet every per-request threshold, from their ``ttft``, ``tpot`` and ``e2e`` in ms
+    (a request that did not complete has NaN latencies and meets none that is set)."""
+    meets = np.ones(len(lat_ms["ttft"]), dtype=bool)
+    if slo.ttft_ms is not None:
+        meets &= lat_ms["ttft"] <= slo.ttft_ms
+    if slo.tpot_ms is not None:
+        # NaN TPOT (one output token) compares False: count it as meeting the threshold explicitly.
+        meets &= np.isnan(lat_ms["tpot"]) | (lat_ms["tpot"] <= slo.tpot_ms)
+    if slo.e2e_ms is not None:
+        meets &= lat_ms["e2e"] <= slo.e2e_ms
+    return meets
 
 
 def _latency_figures(lat_ms: dict[str, np.ndarray], tpot_ms: np.ndarray, queue_ms: np.ndarray) -> dict[str, float]:

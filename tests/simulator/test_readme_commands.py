@@ -69,6 +69,7 @@ CASES: dict[str, Case] = {
     "moe": run_case("fleetsim run scenarios/moe.yaml", "moe", "out/report.html"),
     "disaggregation": run_case("fleetsim run scenarios/disaggregation.yaml", "disaggregation", "out/report.html"),
     "speculative": run_case("fleetsim run scenarios/speculative.yaml", "speculative", "out/report.html"),
+    "day": run_case("fleetsim run scenarios/day.yaml", "day", "out/decisions.csv"),
     "azure_conv": run_case("fleetsim run scenarios/azure_conv.yaml", "azure_conv", "out/report.html",
                            needs="traces"),
     "mooncake": run_case("mooncake.yaml", "mooncake", "out/report.html", needs="traces"),

@@ -82,7 +82,7 @@ def test_requests_without_shared_prefix_share_no_block() -> None:
 
 
 def test_registries_name_every_choice() -> None:
-    assert set(ARRIVAL_PROCESSES) == {"poisson", "gamma", "constant", "curve"}
+    assert set(ARRIVAL_PROCESSES) == {"poisson", "gamma", "constant", "curve", "diurnal"}
     assert set(LENGTH_DISTRIBUTIONS) == {"fixed", "uniform", "lognormal", "empirical"}
 
 
