@@ -2,6 +2,7 @@
 
     python benchmarks/day.py curve                 # cold start vs SLO-minutes lost and cost (scenarios/day.yaml)
     python benchmarks/day.py curve --hours 12 --provision 0 120 300 600
+    python benchmarks/day.py curve --hours 12 --policies concurrency --target 40   # less headroom
     python benchmarks/day.py compare               # static N (searched) vs every policy of the day scenario
     python benchmarks/day.py speed --replicas 64   # a day at 64 replicas: wall time, events, requests
     python benchmarks/day.py speed --replicas 64 --rps-per-replica 0.1 [--plain]   # a lighter day; --plain: static path
@@ -34,11 +35,14 @@ from simulator.simulation import run
 DAY = Path(__file__).resolve().parents[1] / "scenarios" / "day.yaml"
 
 
-def _only(name: str, overrides: list[str]) -> Any:
+def _only(name: str, overrides: list[str], target: float | None = None) -> Any:
     """The day scenario with only its variant ``name``, with ``overrides`` applied to the base (the variant's
-    own settings still win)."""
+    own settings still win); ``target``: the variant's autoscaler target instead of its own."""
     raw = yaml_text.safe_load(DAY.read_text())
-    raw["variants"] = {name: raw["variants"][name]}
+    variant = dict(raw["variants"][name])
+    if target is not None:
+        variant["autoscaling"] = {**variant["autoscaling"], "target": target}
+    raw["variants"] = {name: variant}
     return load_mapping(raw, overrides, source=DAY)
 
 
@@ -72,7 +76,9 @@ def curve(args: argparse.Namespace) -> None:
     for provision in args.provision:
         cold = [f"lifecycle.provision_s={provision:g}", *window]
         for policy in args.policies:
-            _timed(f"{policy} cold {provision + 47.5:g} s", _only(policy, cold))
+            target = args.target if policy == "concurrency" else None
+            label = f"{policy}{'' if target is None else f' {target:g}'} cold {provision + 47.5:g} s"
+            _timed(label, _only(policy, cold, target))
         _timed(f"oracle cold {provision + 47.5:g} s", _only("oracle", cold))
 
 
@@ -127,6 +133,8 @@ def main() -> None:
     c.add_argument("--hours", type=float, default=24.0)
     c.add_argument("--provision", type=float, nargs="+", default=[0, 60, 300, 900])
     c.add_argument("--policies", nargs="+", default=["concurrency", "slo"])
+    c.add_argument("--target", type=float, default=None,
+                   help="the concurrency policy's requests per replica instead of the scenario's (less headroom)")
     c.set_defaults(func=curve)
     p = sub.add_parser("compare")
     p.add_argument("--hours", type=float, default=24.0)

@@ -172,7 +172,7 @@ class FleetConfig(_Section):
     """Exponent of zipf routing (0.6: load Gini 0.36 over Qwen3's 128 experts, the most concentrated
     routing DODOCO, arXiv 2605.20982, measured); only with expert_routing zipf."""
 
-    pools: dict[str, PoolConfig] | None = None
+    pools: dict[str, PoolConfig] | None = Field(default=None, min_length=1)
     """Several pools by name, each with its own GPUs, model shard, engine settings and replicas: mixed
     pools behind one router (a fleet of mixed GPUs), or prefill and decode pools (disaggregated, see the
     ``disaggregation`` section). None = one pool of ``replicas`` as the fields above describe."""

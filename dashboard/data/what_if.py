@@ -193,8 +193,8 @@ def _workload(base: Mapping[str, Any], controls: Controls) -> dict[str, Any]:
         if synthetic.get(key) is not None:
             workload[key] = copy.deepcopy(synthetic[key])
     arrival = dict(synthetic.get("arrival") or {"process": "poisson"})
-    if "points" not in arrival:  # a rate curve keeps its own rates; every other process has one rate
-        arrival["rate_rps"] = controls.rate_rps
+    if "points" not in arrival and arrival.get("process") != "diurnal":
+        arrival["rate_rps"] = controls.rate_rps  # a rate curve or a day's cycle keeps its own rates
     workload["arrival"] = arrival
     return workload
 
