@@ -2,7 +2,7 @@
 
     python benchmarks/day.py curve                 # cold start vs SLO-minutes lost and cost (scenarios/day.yaml)
     python benchmarks/day.py curve --hours 12 --provision 0 120 300 600
-    python benchmarks/day.py curve --hours 12 --policies concurrency --target 40   # less headroom
+    python benchmarks/day.py curve --hours 12 --policies concurrency --target 40 --oracle-rps 4   # tighter
     python benchmarks/day.py compare               # static N (searched) vs every policy of the day scenario
     python benchmarks/day.py speed --replicas 64   # a day at 64 replicas: wall time, events, requests
     python benchmarks/day.py speed --replicas 64 --rps-per-replica 0.1 [--plain]   # a lighter day; --plain: static path
@@ -35,13 +35,15 @@ from simulator.simulation import run
 DAY = Path(__file__).resolve().parents[1] / "scenarios" / "day.yaml"
 
 
-def _only(name: str, overrides: list[str], target: float | None = None) -> Any:
+def _only(name: str, overrides: list[str], **autoscaling: float | None) -> Any:
     """The day scenario with only its variant ``name``, with ``overrides`` applied to the base (the variant's
-    own settings still win); ``target``: the variant's autoscaler target instead of its own."""
+    own settings still win); ``autoscaling``: settings of the variant's autoscaler instead of its own (None:
+    its own)."""
     raw = yaml_text.safe_load(DAY.read_text())
     variant = dict(raw["variants"][name])
-    if target is not None:
-        variant["autoscaling"] = {**variant["autoscaling"], "target": target}
+    changed = {key: value for key, value in autoscaling.items() if value is not None}
+    if changed:
+        variant["autoscaling"] = {**variant["autoscaling"], **changed}
     raw["variants"] = {name: variant}
     return load_mapping(raw, overrides, source=DAY)
 
@@ -78,8 +80,9 @@ def curve(args: argparse.Namespace) -> None:
         for policy in args.policies:
             target = args.target if policy == "concurrency" else None
             label = f"{policy}{'' if target is None else f' {target:g}'} cold {provision + 47.5:g} s"
-            _timed(label, _only(policy, cold, target))
-        _timed(f"oracle cold {provision + 47.5:g} s", _only("oracle", cold))
+            _timed(label, _only(policy, cold, target=target))
+        oracle = "oracle" if args.oracle_rps is None else f"oracle {args.oracle_rps:g}"
+        _timed(f"{oracle} cold {provision + 47.5:g} s", _only("oracle", cold, rps_per_replica=args.oracle_rps))
 
 
 def compare(args: argparse.Namespace) -> None:
@@ -135,6 +138,9 @@ def main() -> None:
     c.add_argument("--policies", nargs="+", default=["concurrency", "slo"])
     c.add_argument("--target", type=float, default=None,
                    help="the concurrency policy's requests per replica instead of the scenario's (less headroom)")
+    c.add_argument("--oracle-rps", type=float, default=None,
+                   help="the oracle's requests/s per replica instead of the scenario's (4: the most that meets the "
+                        "SLO, the tightest lower bound)")
     c.set_defaults(func=curve)
     p = sub.add_parser("compare")
     p.add_argument("--hours", type=float, default=24.0)

@@ -8,14 +8,15 @@ Numbers, never pass/fail: on a shared 2-core machine other processes move every 
 the scheduler settings of ``scenarios/serve_cpu.yaml`` (``--scenario``); its log goes to OUT/server-log and
 the bench's run folder to OUT/bench; ``overhead.json`` holds the comparison.
 
-Runs of 2026-12-02 on this project's 2-core VM while four other sessions used it (load average 3-6; the
-engine's own steps ran at 2.05x the shipped CPU profile's prediction):
-- ``--rate 4 --max-concurrency 64 --num-requests 200``: 200/200 completed, no error, 64 streams in flight
-  (the cap) for most of the run; 226 output tok/s; TTFT p50/p99 414/1095 ms, TPOT p50 229 ms, ITL p50 207 ms.
-  Client minus engine: TTFT +55.8 ms p50 / +127 ms p99 (request in, first chunk out, both event loops under
-  64 streams), E2E +30.9 / +91.8 ms, ITL -0.01 ms p50 / +28.7 ms p99 (each gap matches the engine's).
-- the scenario's 4.5 requests/s open loop overloaded the server on that host (172 in flight, 362 tok/s):
-  a load the shipped profile says it sustains, the slowed host did not.
+Runs of 2026-12-02 on this project's 2-core VM:
+- quiet host (the CPU profile re-measured on it the same hour), ``--rate 14 --max-concurrency 64
+  --num-requests 400``: 400/400 completed, no error, 64 streams in flight (the cap) for most of the run: the
+  server sustains about 6.4 requests/s there (862 output tok/s, TPOT p50 69 ms at 64 streams); TTFT p50/p99
+  154/293 ms. Client minus engine: TTFT +22.8 ms p50 / +43.4 ms p99, E2E +13.1 / +30.0 ms, ITL -0.05 ms p50
+  / +10.8 ms p99 (each gap matches the engine's).
+- loaded host (four other sessions, load average 3-6; engine steps at 2.05x the profile of then),
+  ``--rate 4 --max-concurrency 64 --num-requests 200``: 200/200, 64 streams; TTFT p50/p99 414/1095 ms;
+  client minus engine TTFT +55.8 / +127 ms, ITL -0.01 / +28.7 ms: the HTTP path costs more on a busy host.
 """
 
 from __future__ import annotations
