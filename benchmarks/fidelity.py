@@ -10,8 +10,13 @@ twice (``--no-repeat`` skips the second): the engine against itself on the same 
 noise floor, printed next to the simulator's error; a drift probe re-times grid points around each run
 (how much faster or slower the host is than when calibrated).
 
-Runs of 2026-11-29/30 (300 requests; TTFT / TPOT / E2E relative errors at p50/p90/p99). With the cpu grid's
-6 passes (the shipped profile):
+Run of 2026-12-02 with the shipped profile, re-measured that day on a quiet host (``--profile
+calibration/profiles/cpu-small-tp1-measured.yaml``; 300 requests; TTFT / TPOT / E2E relative errors at
+p50/p90/p99): fit MAPE 5.1 %; TTFT −0.0/−2.9/−5.6 %, TPOT +1.5/+10.3/+2.4 %, E2E +1.4/+6.3/+10.7 %, throughput
+−0.02 %; engine against itself: TTFT +0.7/+6.8/+1.4 %, TPOT +10.1/+20.7/−1.7 %, E2E +4.9/+11.5/+22.4 %; the
+simulator against the second replay within 10 % everywhere; probe ×0.912.
+
+Runs of 2026-11-29/30 (the profile of then, measured on a loaded host). With the cpu grid's 6 passes:
 - fit MAPE 5.0 %; TTFT −2.0/−7.1/−12.5 %, TPOT +2.5/+0.9/−1.8 %, E2E −2.7/−0.1/−0.7 %, throughput +0.04 %;
   engine against itself: TTFT +2.8/+4.3/+5.8 %, TPOT +8.2/+25.3/+3.1 %, E2E +7.4/+20.6/+25.2 %; probe ×1.017.
 - a second run of the same: fit MAPE 5.7 %; TTFT −0.7/−9.8/−6.8 %, TPOT −7.8/−4.5/−0.4 %, E2E −5.6/−8.0/−3.3 %,
