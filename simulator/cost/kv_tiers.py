@@ -101,6 +101,12 @@ class KVTiersConfig(_Frozen):
             raise ValueError(f"tier names must differ, got {names}")
         return value
 
+    @model_validator(mode="after")
+    def _some_tier(self) -> KVTiersConfig:
+        if not self.tiers and self.shared_store is None:
+            raise ValueError("kv_tiers needs tiers (replica-local) or a shared_store: it names no tier")
+        return self
+
     def all_tiers(self) -> list[TierConfig]:
         """The local tiers then the shared store (the hierarchy's order)."""
         return [*self.tiers, *([self.shared_store] if self.shared_store is not None else [])]

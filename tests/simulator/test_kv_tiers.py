@@ -162,6 +162,7 @@ def test_loads_or_recomputes_where_the_cost_models_bandwidth_says() -> None:
     ({"tiers": [{**HOST, "capacity_gib": -1}]}, "kv_tiers.tiers.0.capacity_gib"),
     ({"tiers": [{**HOST, "eviction": "random"}]}, "kv_tiers.tiers.0.eviction"),
     ({"tiers": [], "shared_store": {**STORE, "write_gb_s": 0}}, "kv_tiers.shared_store.write_gb_s"),
+    ({"overlap": False}, "kv_tiers: kv_tiers needs tiers"),  # the fuzzer's: a section that names no tier
 ])
 def test_bad_tier_settings_are_one_line_naming_the_field(section: dict[str, Any], field: str) -> None:
     raw = synthetic(1, {})
