@@ -353,7 +353,8 @@ class StepEnds:
             self._factor = 1.0
             self._overlap = False
         self._rewind()
-        self.last_end = self.end(num_steps)
+        self._walk(num_steps, math.inf, False)
+        self.last_end = self._t
         self._rewind()  # questions begin at the run's start
 
     def _rewind(self) -> None:
@@ -396,6 +397,8 @@ class StepEnds:
     def end(self, step: int) -> float:
         """The end time of step ``step`` (0 .. num_steps; 0 is the start)."""
         target: i64 = step
+        if target == self.num_steps and target > 0:
+            return self.last_end  # worked out by ``reset``: no second walk for the run's last step
         if target <= self._j:
             if target == self._j:
                 return self._t
@@ -407,6 +410,8 @@ class StepEnds:
 
     def ended_by(self, now: float) -> int:
         """How many steps end at or before ``now`` (``bisect.bisect_right`` on the list of ends)."""
+        if self.last_end <= now and self.num_steps > 0:
+            return self.num_steps  # every step has ended (the common question at a run's natural end)
         if not self._t <= now:
             if self._j == 0:
                 return 0
@@ -417,6 +422,8 @@ class StepEnds:
 
     def ended_before(self, t: float) -> int:
         """How many steps end strictly before ``t`` (``bisect.bisect_left`` on the list of ends)."""
+        if self.last_end < t and self.num_steps > 0:
+            return self.num_steps
         if not self._t < t:
             if self._j == 0:
                 return 0
