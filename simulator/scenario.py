@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -189,13 +190,26 @@ FromProfile = Literal["profile"]
 
 
 class NetworkConfig(_Section):
-    latency_ms: Annotated[float, Field(ge=0)] | FromProfile = 0.0
+    latency_ms: float | FromProfile = 0.0
     """One-way latency from the replica to the client, added to every token the client sees; ``profile``:
     the profile's measured ``streaming.latency_ms``."""
-    flush_interval_ms: Annotated[float, Field(ge=0)] | FromProfile = 0.0
+    flush_interval_ms: float | FromProfile = 0.0
     """A buffering proxy between the replicas and the clients that forwards what it holds every this many
     ms (Go's ReverseProxy FlushInterval, Caddy's flush_interval): the first and last tokens reach the
     client at the next flush. 0 = no proxy; ``profile``: the profile's ``streaming.flush_interval_ms``."""
+
+    @field_validator("latency_ms", "flush_interval_ms", mode="before")
+    @classmethod
+    def _milliseconds(cls, value: object) -> object:
+        if value == "profile":
+            return value
+        try:
+            number = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            number = math.nan
+        if isinstance(value, bool) or not 0 <= number < math.inf:
+            raise ValueError("give milliseconds >= 0, or 'profile' (the profile's measured streaming figure)")
+        return number
 
 
 class SimulationConfig(_Section):
@@ -347,9 +361,9 @@ def load_mapping(raw: dict[str, Any], overrides: list[str] | tuple[str, ...] = (
     for name, sc in variants.items():
         try:
             if sc.fleet.pools is None:
-                resolve_replica(sc)
+                client_path(sc, [resolve_replica(sc).profile])
             else:
-                resolve_pools(sc)
+                client_path(sc, [pool.setup.profile for pool in resolve_pools(sc)])
             check_memory(sc)
             check_hash_ring(sc)
             tier_groups(sc)
