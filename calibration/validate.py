@@ -499,13 +499,7 @@ def print_report(report: ValidationReport) -> None:
         print(f"realtime: identical steps {rt['identical_share']:.3f} ({rt['engine_steps']} engine, "
               f"{rt['sim_steps']} simulated); per-step cycle MAPE {rt['per_step_cycle']['mape']:.2%} (wall), "
               f"{rt['per_step_cpu']['mape']:.2%} (thread CPU)")
-        print(f"{'metric':8s} {'p50 err':>9s} {'p90 err':>9s} {'p99 err':>9s}   engine p50/p99 ms   sim p50/p99 ms")
-        for metric in METRICS:
-            m = f[metric]
-            print(f"{metric:8s} {m['p50_err']:+9.2%} {m['p90_err']:+9.2%} {m['p99_err']:+9.2%}   "
-                  f"{m['p50_engine_ms']:8.1f}/{m['p99_engine_ms']:8.1f}   "
-                  f"{m['p50_sim_ms']:8.1f}/{m['p99_sim_ms']:8.1f}")
-        print(f"throughput err {f['throughput_err']:+.2%}")
+        print_error_table(f, "engine")
         adj = f.get("host_contention_adjusted")
         if adj is not None:
             print(f"with steps stretched by the engine's wall/CPU ratio {adj['wall_over_cpu']:.2f}: "
@@ -516,19 +510,31 @@ def print_report(report: ValidationReport) -> None:
         ratios = ", ".join(f"{p['speed_ratio']:.3f}" for p in drift["probes"])
         print(f"host drift: the profile's grid points re-timed now take x{drift['speed_ratio']:.3f} their "
               f"calibration time (probes {ratios}); the simulator with its clock scaled by that:")
-        _print_errors(drift["adjusted"])
+        print_errors(drift["adjusted"])
     rep = f.get("repeat")
     if rep is not None:
         print("noise floor, the engine's second real-time run against its first (same workload):")
-        _print_errors(rep["engine_vs_engine"])
+        print_errors(rep["engine_vs_engine"])
         print("the simulator against that second run:")
-        _print_errors(rep["sim_vs_engine"])
+        print_errors(rep["sim_vs_engine"])
     print(verdict(f))
     for path in report.files:
         print(f"wrote {path}")
 
 
-def _print_errors(errors: dict[str, Any]) -> None:
+def print_error_table(f: dict[str, Any], measured: str) -> None:
+    """Each metric's p50/p90/p99 error with the ``measured`` side's and the simulator's p50/p99, then the
+    throughput error (a fidelity record's figures)."""
+    print(f"{'metric':8s} {'p50 err':>9s} {'p90 err':>9s} {'p99 err':>9s}   {measured} p50/p99 ms   sim p50/p99 ms")
+    for metric in METRICS:
+        m = f[metric]
+        print(f"{metric:8s} {m['p50_err']:+9.2%} {m['p90_err']:+9.2%} {m['p99_err']:+9.2%}   "
+              f"{m['p50_engine_ms']:8.1f}/{m['p99_engine_ms']:8.1f}   {m['p50_sim_ms']:8.1f}/{m['p99_sim_ms']:8.1f}")
+    print(f"throughput err {f['throughput_err']:+.2%}")
+
+
+def print_errors(errors: dict[str, Any]) -> None:
+    """Errors per metric at p50/p90/p99 and of throughput, indented (a noise floor, an adjusted view)."""
     for metric in METRICS:
         m = errors[metric]
         print(f"  {metric:6s} p50 {m['p50_err']:+7.2%}  p90 {m['p90_err']:+7.2%}  p99 {m['p99_err']:+7.2%}")

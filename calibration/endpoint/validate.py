@@ -85,25 +85,17 @@ def validate_endpoint(loaded: BenchWorkload, options: BenchOptions, *, out: Path
 
 
 def print_validation(v: EndpointValidation) -> None:
-    from calibration.validate import verdict
+    from calibration.validate import print_error_table, print_errors, verdict
 
     f = v.fidelity
     print(f"validation of {f['profile']} against {f['endpoint']}: {f['completed']} of {f['num_requests']} "
           f"requests completed ({f['failed']} failed); tokens per SSE chunk "
           f"{f['streaming']['mean_tokens_per_chunk'] or float('nan'):.2f}")
-    print(f"{'metric':8s} {'p50 err':>9s} {'p90 err':>9s} {'p99 err':>9s}   measured p50/p99 ms   sim p50/p99 ms")
-    for metric in METRICS:
-        m = f[metric]
-        print(f"{metric:8s} {m['p50_err']:+9.2%} {m['p90_err']:+9.2%} {m['p99_err']:+9.2%}   "
-              f"{m['p50_engine_ms']:8.1f}/{m['p99_engine_ms']:8.1f}   {m['p50_sim_ms']:8.1f}/{m['p99_sim_ms']:8.1f}")
-    print(f"throughput err {f['throughput_err']:+.2%}")
+    print_error_table(f, "measured")
     rep = f.get("repeat")
     if rep is not None:
         print("noise floor, the server's second run against its first (same requests):")
-        for metric in METRICS:
-            m = rep["engine_vs_engine"][metric]
-            print(f"  {metric:6s} p50 {m['p50_err']:+7.2%}  p90 {m['p90_err']:+7.2%}  p99 {m['p99_err']:+7.2%}")
-        print(f"  throughput {rep['engine_vs_engine']['throughput_err']:+.2%}")
+        print_errors(rep["engine_vs_engine"])
     print(verdict(f).replace("of the engine", "of the endpoint"))
     print(f"report: {v.folder / 'report.html'}")
 

@@ -34,7 +34,7 @@ from simulator.cost.profile import get_accelerator
 from simulator.errors import ConfigError
 from simulator.planning.criteria import criteria
 from simulator.planning.plan import Evaluator, loaded_scenario, planned_scenario, stream_rate
-from simulator.planning.plan_result import Evaluation, ci_text, slo_text
+from simulator.planning.plan_result import Evaluation, ci_text, save_answer, slo_text
 from simulator.planning.search import smallest_passing
 from simulator.results.summary import SLO, round_sig
 from simulator.scenario import LoadedScenario
@@ -118,12 +118,7 @@ class LayoutPlan:
 
     def save(self, out_dir: str | Path) -> Path:
         """Write layouts.json and trials.csv into ``out_dir``; returns the path of layouts.json."""
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / "layouts.json"
-        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n")
-        self.trials.to_csv(out / "trials.csv", index=False)
-        return path
+        return save_answer(out_dir, "layouts.json", self.to_dict(), self.trials)
 
     def text(self) -> str:
         fewest = "GPUs" if self.objective == "gpus" else "dollars"

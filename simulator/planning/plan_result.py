@@ -136,12 +136,7 @@ class PlanResult:
 
     def save(self, out_dir: str | Path) -> Path:
         """Write plan.json and trials.csv into ``out_dir``; returns the path of plan.json."""
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / "plan.json"
-        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n")
-        self.trials.to_csv(out / "trials.csv", index=False)
-        return path
+        return save_answer(out_dir, "plan.json", self.to_dict(), self.trials)
 
     def text(self) -> str:
         """The answer as a few readable lines."""
@@ -201,3 +196,14 @@ def ci_text(ci: MetricCI, fmt: str) -> str:
 def slo_text(slo: SLO) -> str:
     parts = [f"{k}<={v:g}" for k, v in slo.model_dump(exclude_none=True).items() if k != "target_attainment"]
     return f"SLO {', '.join(parts) or '(none)'} for {slo.target_attainment:.0%} of requests"
+
+
+def save_answer(out_dir: str | Path, name: str, doc: dict[str, Any], trials: pd.DataFrame) -> Path:
+    """A planning answer's files: ``doc`` as the JSON file ``name`` and every simulation as trials.csv, in
+    ``out_dir``; returns the JSON file's path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    trials.to_csv(out / "trials.csv", index=False)
+    return path
