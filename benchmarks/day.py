@@ -103,7 +103,7 @@ def speed(args: argparse.Namespace) -> None:
     peak = args.replicas * args.rps_per_replica
     overrides = _only("static-5", [f"fleet.replicas={args.replicas}", f"workload.arrival.peak_rps={peak:g}",
                                    f"workload.arrival.trough_rps={peak / 8:g}", "workload.arrival.bursts=[]",
-                                   "failures.node_failures=[]",
+                                   "failures.node_failures=[]", *args.set,
                                    *(["lifecycle=null", "failures=null"] if args.plain else []),
                                    f"workload.duration_s={args.hours * 3600:g}", "simulation.sample_interval_s=300"])
     envs: list[Any] = []
@@ -153,6 +153,7 @@ def main() -> None:
     s.add_argument("--rps-per-replica", type=float, default=1.0)
     s.add_argument("--hours", type=float, default=24.0)
     s.add_argument("--plain", action="store_true", help="the static fleet's own path (no lifecycle, no failures)")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a scenario override")
     s.set_defaults(func=speed)
     args = parser.parse_args()
     args.func(args)

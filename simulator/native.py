@@ -36,6 +36,7 @@ MODULES = (
     "simulator.core.kv_transfer",
     "simulator.core.scheduler",
     "simulator.core.decode_run",
+    "simulator.cost.interpolation",
     "simulator.cost.cost_model",
     "simulator.results.request_log",
     "simulator.results.series",

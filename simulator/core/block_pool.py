@@ -234,6 +234,13 @@ class BlockPool:
     def _uncache(self, block_hash: int, block_id: int) -> None:
         """Evict one copy of ``block_hash``: the next oldest copy, if any, answers lookups from now on."""
         self.num_evictions += 1
+        if not self._copies:
+            # No hash has a second copy (the usual case): this block is the one the index answers with, and
+            # one probe of the index (a large dict, read at random: a cache miss) removes it.
+            del self.cached[block_hash]
+            if self.on_evict is not None:
+                self.on_evict(block_hash, block_id)
+            return
         copies = self._copies.get(block_hash)
         if self.cached[block_hash] == block_id:
             if copies:
@@ -411,21 +418,34 @@ class BlockPool:
             if hash_of[block_id] is None:
                 block_hash = hashes[i]
                 hash_of[block_id] = block_hash
-                if block_hash in cached:
+                # One probe of the index (a large dict read at random) whether the hash is new or not.
+                if cached.setdefault(block_hash, block_id) is not block_id:
                     self._copies.setdefault(block_hash, []).append(block_id)
-                else:
-                    cached[block_hash] = block_id
-                    if on_cache is not None:
-                        on_cache(block_hash)
+                elif on_cache is not None:
+                    on_cache(block_hash)
             i += 1
 
     def _compact(self) -> None:
-        """Rebuild the freed queue from its live entries, in order (stale entries only cost memory)."""
-        live = self._live_freed()
+        """Rebuild the freed queue from its live entries, in order (stale entries only cost memory).
+
+        One pass, no side table: each entry read takes one off its block's count, so the entry that brings
+        the count to zero is the block's most recent, live if the block is free; at the end every count is
+        zero and the live blocks' are set back to one (``_live_freed`` says the same, for readers)."""
+        live: list[Any] = []
         entries = self._entries
-        for block_id in self._freed[self._freed_head:]:
-            entries[block_id] = 0
-        for block_id in live:
-            entries[block_id] = 1
+        ref = self._ref
+        freed: list[Any] = self._freed
+        i: i64 = self._freed_head
+        count: i64 = len(freed)
+        while i < count:
+            held = freed[i]
+            block_id: int = held
+            left = entries[block_id] - 1
+            entries[block_id] = left
+            if left == 0 and ref[block_id] == 0:
+                live.append(held)
+            i += 1
+        for held in live:
+            entries[held] = 1
         self._freed = live
         self._freed_head = 0

@@ -24,7 +24,8 @@ import numpy as np
 
 from simulator.core.step import StepShape
 from simulator.cost import moe as routing
-from simulator.cost.curve import PiecewiseLinear, interpolate
+from simulator.cost.curve import PiecewiseLinear
+from simulator.cost.interpolation import interpolate
 from simulator.cost.profile import CommModel, MoeCoefficients, Profile
 
 if TYPE_CHECKING:

@@ -12,9 +12,9 @@ Device-free and stdlib only: the cost model reads it on the hot path.
 
 from __future__ import annotations
 
-import bisect
-
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from simulator.cost.interpolation import interpolate
 
 
 class PiecewiseLinear(BaseModel):
@@ -41,7 +41,7 @@ class PiecewiseLinear(BaseModel):
 
     def at(self, value: float) -> float:
         """The curve at ``value``: interpolated between knots, extrapolated along the last segment."""
-        return interpolate(self.x, self.y, value)
+        return interpolate(list(self.x), list(self.y), value)
 
     @property
     def last_slope(self) -> float:
@@ -49,19 +49,3 @@ class PiecewiseLinear(BaseModel):
         if len(self.x) < 2:
             return 0.0
         return (self.y[-1] - self.y[-2]) / (self.x[-1] - self.x[-2])
-
-
-def interpolate(xs: tuple[float, ...] | list[float], ys: tuple[float, ...] | list[float], value: float) -> float:
-    """``PiecewiseLinear.at`` over plain sequences (the cost model keeps its knots as lists): one spelling of
-    the arithmetic, so every caller gets the same bits."""
-    i = bisect.bisect_right(xs, value)
-    if i == 0:
-        return ys[0]
-    last = len(xs) - 1
-    if i > last:
-        if last == 0:
-            return ys[0]
-        i = last
-    x0 = xs[i - 1]
-    y0 = ys[i - 1]
-    return y0 + (ys[i] - y0) * (value - x0) / (xs[i] - x0)

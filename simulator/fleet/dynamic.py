@@ -31,6 +31,7 @@ from simulator.fleet.clock import run_until
 from simulator.fleet.failures import FailuresConfig
 from simulator.fleet.fleet import FleetRun, FleetSetup, InspectFn, ProgressFn, _cycle_collector_paused, _kv_probe
 from simulator.fleet.lifecycle import ENDED, STARTING, ColdStart, LifecycleConfig, Slot, SlotState
+from simulator.fleet.loads import least_loaded_of
 from simulator.fleet.replica import Replica
 from simulator.fleet.router import make_router
 from simulator.results.day import DayLog
@@ -234,7 +235,7 @@ class DynamicFleet:
             self.held.append(spec)
             return
         if self._least:  # least_requests: the first replica with the fewest requests, lowest id on ties
-            slot = self.slots[min(self._ready_ids, key=self.loads.__getitem__)]
+            slot = self.slots[least_loaded_of(self.loads, self._ready_ids)]
         else:
             slot = ready[self.router.choose(spec, self._views, now)]
         self.log.on_routed(spec.request_id, slot.replica_id)

@@ -41,6 +41,26 @@ def first_min_index(values: list[int]) -> int:
     return best
 
 
+def least_loaded_of(loads: list[int], ids: list[int]) -> int:
+    """The id in ``ids`` (not empty) whose load is smallest, the first listed on ties: ``min(ids,
+    key=loads.__getitem__)`` in one native loop (a dynamic fleet's ready replicas, where ``loads`` also
+    holds replicas stopped or still starting)."""
+    if not _COMPILED:
+        return min(ids, key=loads.__getitem__)  # interpreted, the C-level scan beats a Python loop
+    best: i64 = ids[0]
+    lowest: i64 = loads[best]
+    count: i64 = len(ids)
+    i: i64 = 1
+    while i < count:
+        replica_id: i64 = ids[i]
+        value: i64 = loads[replica_id]
+        if value < lowest:
+            lowest = value
+            best = replica_id
+        i += 1
+    return best
+
+
 class LeastLoadedRoute:
     """A least-loaded policy's ``route(spec, now_s)`` on live views: the first smallest of the fleet's load
     list (``least_loaded_index``). One native call per request in the compiled build, where the router's
