@@ -6,6 +6,7 @@
     python benchmarks/day.py compare               # static N (searched) vs every policy of the day scenario
     python benchmarks/day.py speed --replicas 64   # a day at 64 replicas: wall time, events, requests
     python benchmarks/day.py speed --replicas 64 --rps-per-replica 0.1 [--plain]   # a lighter day; --plain: static path
+    python benchmarks/day.py speed --replicas 64 --hours 2 --set engine.prefix_caching=false   # what the cache costs
 
 ``curve`` runs the day scenario's ``concurrency`` and ``slo`` variants at several provisioning times (the
 cold start is provisioning + weights / bandwidth + warm-up) and the oracle once per cold start, and prints

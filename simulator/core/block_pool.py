@@ -208,23 +208,38 @@ class BlockPool:
         if not remaining:
             return out
         self._num_freed -= remaining
-        freed = self._freed
+        # Ids and hashes held as objects (compiled: no unboxing and re-boxing on their way from list to list
+        # and into the index); the int indexes the per-block lists.
+        freed: list[Any] = self._freed
+        given: list[Any] = out
         head: i64 = self._freed_head
         entries = self._entries
-        hash_of = self._hash_of
+        hash_of: list[Any] = self._hash_of
+        cached: dict[Any, Any] = self.cached
+        # With no hash held twice and nobody told of evictions (the usual case), an eviction is one delete
+        # from the index, here; otherwise ``_uncache``. (Copies only go away while blocks are handed out.)
+        plain = not self._copies and self.on_evict is None
+        evictions: i64 = 0
         while remaining:
-            block_id = freed[head]
+            held = freed[head]
+            index: int = held
             head += 1
-            entries[block_id] -= 1
-            if entries[block_id] or ref[block_id]:
+            left = entries[index] - 1
+            entries[index] = left
+            if left or ref[index]:
                 continue  # a stale entry: the block was taken by a hit, or freed again later
-            block_hash = hash_of[block_id]
+            block_hash = hash_of[index]
             if block_hash is not None:
-                hash_of[block_id] = None
-                self._uncache(block_hash, block_id)
-            ref[block_id] = 1
-            out.append(block_id)
+                hash_of[index] = None
+                if plain:
+                    del cached[block_hash]
+                    evictions += 1
+                else:
+                    self._uncache(block_hash, index)
+            ref[index] = 1
+            given.append(held)
             remaining -= 1
+        self.num_evictions += evictions
         if head > _COMPACT_SLACK and 2 * head > len(freed):
             del freed[:head]  # the entries read are most of the list: drop them (amortised O(1) each)
             head = 0
