@@ -216,9 +216,10 @@ class BlockPool:
         entries = self._entries
         hash_of: list[Any] = self._hash_of
         cached: dict[Any, Any] = self.cached
-        # With no hash held twice and nobody told of evictions (the usual case), an eviction is one delete
-        # from the index, here; otherwise ``_uncache``. (Copies only go away while blocks are handed out.)
-        plain = not self._copies and self.on_evict is None
+        # With nobody told of evictions, the eviction of a hash held by one block only (the usual case) is
+        # one delete from the index, here; a hash with copies goes through ``_uncache``.
+        copies: dict[Any, Any] = self._copies
+        plain = self.on_evict is None
         evictions: i64 = 0
         while remaining:
             held = freed[head]
@@ -231,7 +232,7 @@ class BlockPool:
             block_hash = hash_of[index]
             if block_hash is not None:
                 hash_of[index] = None
-                if plain:
+                if plain and (not copies or block_hash not in copies):
                     del cached[block_hash]
                     evictions += 1
                 else:
@@ -249,14 +250,14 @@ class BlockPool:
     def _uncache(self, block_hash: int, block_id: int) -> None:
         """Evict one copy of ``block_hash``: the next oldest copy, if any, answers lookups from now on."""
         self.num_evictions += 1
-        if not self._copies:
-            # No hash has a second copy (the usual case): this block is the one the index answers with, and
+        copies = self._copies.get(block_hash) if self._copies else None
+        if copies is None:
+            # The hash has no second copy (the usual case): this block is the one the index answers with, and
             # one probe of the index (a large dict, read at random: a cache miss) removes it.
             del self.cached[block_hash]
             if self.on_evict is not None:
                 self.on_evict(block_hash, block_id)
             return
-        copies = self._copies.get(block_hash)
         if self.cached[block_hash] == block_id:
             if copies:
                 self.cached[block_hash] = copies.pop(0)
