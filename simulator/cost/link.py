@@ -32,7 +32,7 @@ from simulator.errors import ConfigError
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class LinkPreset(_Frozen):

@@ -61,7 +61,7 @@ class FirstToken(StrEnum):
 class LinkConfig(BaseModel):
     """The link KV takes from prefill to decode workers: a preset of ``calibration/links.yaml``, or figures."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     preset: str = "nvlink4"
     """A link of calibration/links.yaml: nvlink4, nvlink3, ib_ndr, ib_hdr, ethernet_100g, ethernet_25g,
@@ -85,7 +85,7 @@ class LinkConfig(BaseModel):
 class DisaggregationConfig(BaseModel):
     """How a fleet of prefill and decode pools serves a request (the ``disaggregation:`` section)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     link: LinkConfig = LinkConfig()
     """The link between prefill and decode workers."""
