@@ -280,6 +280,11 @@ class Scenario(_Section):
                              "not to fleet.pools")
         if self.is_dynamic and self.kv_tiers is not None:
             raise ValueError("kv_tiers apply to a fixed fleet: not yet with lifecycle, autoscaling or failures")
+        auto = self.autoscaling
+        if auto is not None and auto.policy == "slo" and auto.ttft_target_ms is None and auto.tpot_target_ms is None \
+                and (self.slo is None or (self.slo.ttft_ms is None and self.slo.tpot_ms is None)):
+            raise ValueError("the slo autoscaler needs a TTFT or TPOT target: set autoscaling.ttft_target_ms or "
+                             "autoscaling.tpot_target_ms, or slo.ttft_ms or slo.tpot_ms")
         return self
 
     @field_validator("name")

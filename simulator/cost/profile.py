@@ -584,7 +584,9 @@ def config_error_from_validation(
         key = str(loc[-1])
         return ConfigError(f"unknown key {key!r}{_suggest(key, allowed)}", file=file, field=field)
     message = str(first["msg"]).removeprefix("Value error, ")
-    if first["type"] not in ("missing",) and "input" in first:
+    # The value given, where it is one: not a whole section (a check across a section's fields, whose
+    # message names them, would print the section).
+    if first["type"] not in ("missing",) and "input" in first and not isinstance(first["input"], dict | list):
         message = f"{message} (got {first['input']!r})"
     return ConfigError(message, file=file, field=field)
 

@@ -301,10 +301,14 @@ def test_conservation_under_failures(crash_times: list[float], node_at: float, h
     ("workload.arrival={process: curve, points: [[0, 5], [60, -1]]}", ("workload.arrival", "rates")),
     ("workload.arrival={process: diurnal, trough_rps: -1, peak_rps: 5}", ("trough_rps",)),
     ("autoscaling={policy: oracle}", ("rps_per_replica",)),
+    # no TTFT or TPOT target anywhere (found by test_scenario_fuzz: day.yaml without its slo section)
+    ("autoscaling={policy: slo, max_replicas: 4}", ("slo autoscaler", "slo.ttft_ms")),
 ])
 def test_bad_day_input_is_one_line(override: str, needles: tuple[str, ...], tmp_path: Path,
                                    capsys: pytest.CaptureFixture[str]) -> None:
     data = json.loads(json.dumps(BASE))
+    if "policy: slo" in override:
+        del data["slo"]
     if override.startswith("workload.arrival="):  # a whole new arrival section, not merged into the old
         del data["workload"]["arrival"]
     with pytest.raises(ConfigError):
