@@ -14,7 +14,6 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, entry_points, version
 
 from simulator.errors import ConfigError
 
@@ -29,22 +28,60 @@ PLUGINS: dict[str, str] = {
 }
 """The simulator's command families (module path -> it defines ``register(subparsers)``), in help order."""
 
+COMMANDS: dict[str, str] = {
+    "run": "simulator.cli.run",
+    "profiles": "simulator.cli.info",
+    "policies": "simulator.cli.info",
+    "build-native": "simulator.cli.info",
+    "dashboard": "simulator.cli.dashboard",
+    "plan": "simulator.cli.plan",
+    "sweep": "simulator.cli.plan",
+    "traces": "simulator.cli.traces",
+}
+"""Each of the simulator's commands and the module of ``PLUGINS`` that registers it: a command line naming
+one builds only that module's parser, without reading the installed packages' metadata (version, entry
+points), which is most of the command line's own start-up."""
+
 ENTRY_POINT_GROUP = "fleetsim.commands"
 """Entry points of installed packages adding commands: each names a ``register(subparsers)`` function."""
 
 
 def installed_version() -> str:
     """The installed distribution's version ("unknown" when run from a checkout that was never installed)."""
+    from importlib.metadata import PackageNotFoundError, version  # not at import: ~50 ms, rarely needed
+
     try:
         return version("fleetsim")
     except PackageNotFoundError:
         return "unknown"
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _VersionAction(argparse.Action):
+    """``--version``: the installed version, looked up only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str = "show the version and exit") -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        print(f"fleetsim {installed_version()}")  # on stdout, as argparse's own version action
+        parser.exit()
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for ``argv`` (None: the process's arguments): when it names one of the simulator's own
+    commands, only that command family's; otherwise every command, the installed plugins' too."""
     parser = argparse.ArgumentParser(prog="fleetsim", description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--version", action="version", version=f"fleetsim {installed_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
+    args = list(sys.argv[1:] if argv is None else argv)
+    module = COMMANDS.get(args[0]) if args else None
+    if module is not None and module in PLUGINS.values():
+        importlib.import_module(module).register(sub)
+        return parser
+    from importlib.metadata import entry_points  # not at import: ~50 ms, only the whole command list reads it
+
     for module in PLUGINS.values():
         importlib.import_module(module).register(sub)
     for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
@@ -53,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         code: int = args.func(args)

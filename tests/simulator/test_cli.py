@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from simulator.cli.main import EXIT_USAGE, main
+from simulator.cli.main import COMMANDS, EXIT_USAGE, PLUGINS, build_parser, main
 from simulator.core.presets import PRESETS
 from simulator.cost.profile import list_profiles
 from simulator.fleet.router import ROUTERS
@@ -324,3 +324,20 @@ def test_a_pure_python_run_says_so_once_unless_silenced(
     monkeypatch.setenv(native.PURE_ENV, "1")  # asked for: nothing to tell
     code, _, stderr = fleetsim(capsys, "run", str(scenario), "--out", str(tmp_path / "c"), "--quiet")
     assert code == 0 and "pure Python" not in stderr
+
+
+def _command_names(parser: Any) -> set[str]:
+    (sub,) = [a for a in parser._actions if a.dest == "command"]  # the subparsers action
+    return set(sub.choices)
+
+
+def test_a_command_line_builds_only_its_family_and_the_table_matches_the_families() -> None:
+    """``COMMANDS`` (which module registers each simulator command, read without importing them all) says
+    what the modules themselves register; naming one builds that family alone, anything else all."""
+    everything = _command_names(build_parser(["--help"]))
+    assert set(COMMANDS) <= everything and set(COMMANDS.values()) == set(PLUGINS.values())
+    assert {"calibrate", "validate"} <= everything  # the calibration package's entry point
+    for command, module in COMMANDS.items():
+        family = {name for name, owner in COMMANDS.items() if owner == module}
+        assert _command_names(build_parser([command, "--help"])) == family, command
+    assert _command_names(build_parser(["calibrate"])) == everything

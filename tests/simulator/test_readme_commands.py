@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import site
 import socket
 import subprocess
 import sys
@@ -178,11 +179,16 @@ def blocked_modules(extras: frozenset[str]) -> dict[str, str]:
     """Top-level module -> the folder its distribution installed it in, for every module that the install
     with ``extras`` would not have."""
     allowed = installed_closure(extras)
+    # Only what pip installed: once this process has imported Ray, its vendored copies (ray/thirdparty_files:
+    # colorama, psutil, each with its dist-info) are on sys.path too, and blocking them would break Ray.
+    installed = {Path(p).resolve() for p in site.getsitepackages()}
     blocked: dict[str, str] = {}
     for module, dists in packages_distributions().items():
         if module in OWN or not module.isidentifier() or any(canonicalize_name(d) in allowed for d in dists):
             continue
-        blocked[module] = str(Path(str(distribution(dists[0]).locate_file(""))).resolve())
+        where = Path(str(distribution(dists[0]).locate_file(""))).resolve()
+        if where in installed:
+            blocked[module] = str(where)
     return blocked
 
 
