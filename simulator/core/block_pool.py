@@ -156,16 +156,26 @@ class BlockPool:
 
     def _live_freed(self) -> list[int]:
         """The live entries of the freed queue, in order: a free block's most recent entry."""
-        later: dict[int, int] = {}
-        queued = self._freed[self._freed_head:]
-        for block_id in queued:
-            later[block_id] = later.get(block_id, 0) + 1
-        live = []
+        return self._take_live(list(self._entries))  # on a copy of the counts: a reader changes nothing
+
+    def _take_live(self, counts: list[int]) -> list[Any]:
+        """The live entries of the freed queue, in order, in one pass with no side table: each entry read
+        takes one off its block's entry count in ``counts`` (``_entries`` or a copy), so the entry that
+        brings the count to zero is the block's most recent, live if the block is free. Every queued
+        block's count ends at zero."""
+        live: list[Any] = []
         ref = self._ref
-        for block_id in queued:
-            later[block_id] -= 1
-            if later[block_id] == 0 and ref[block_id] == 0:
-                live.append(block_id)
+        freed: list[Any] = self._freed
+        i: i64 = self._freed_head
+        count: i64 = len(freed)
+        while i < count:
+            held = freed[i]
+            block_id: int = held
+            left = counts[block_id] - 1
+            counts[block_id] = left
+            if left == 0 and ref[block_id] == 0:
+                live.append(held)
+            i += 1
         return live
 
     def get_cached_block(self, block_hash: int) -> int | None:
@@ -250,14 +260,7 @@ class BlockPool:
     def _uncache(self, block_hash: int, block_id: int) -> None:
         """Evict one copy of ``block_hash``: the next oldest copy, if any, answers lookups from now on."""
         self.num_evictions += 1
-        copies = self._copies.get(block_hash) if self._copies else None
-        if copies is None:
-            # The hash has no second copy (the usual case): this block is the one the index answers with, and
-            # one probe of the index (a large dict, read at random: a cache miss) removes it.
-            del self.cached[block_hash]
-            if self.on_evict is not None:
-                self.on_evict(block_hash, block_id)
-            return
+        copies = self._copies.get(block_hash)
         if self.cached[block_hash] == block_id:
             if copies:
                 self.cached[block_hash] = copies.pop(0)
@@ -442,25 +445,10 @@ class BlockPool:
             i += 1
 
     def _compact(self) -> None:
-        """Rebuild the freed queue from its live entries, in order (stale entries only cost memory).
-
-        One pass, no side table: each entry read takes one off its block's count, so the entry that brings
-        the count to zero is the block's most recent, live if the block is free; at the end every count is
-        zero and the live blocks' are set back to one (``_live_freed`` says the same, for readers)."""
-        live: list[Any] = []
+        """Rebuild the freed queue from its live entries, in order (stale entries only cost memory): every
+        queued block's entry count drops to zero as they are found, and the live ones' go back to one."""
+        live = self._take_live(self._entries)
         entries = self._entries
-        ref = self._ref
-        freed: list[Any] = self._freed
-        i: i64 = self._freed_head
-        count: i64 = len(freed)
-        while i < count:
-            held = freed[i]
-            block_id: int = held
-            left = entries[block_id] - 1
-            entries[block_id] = left
-            if left == 0 and ref[block_id] == 0:
-                live.append(held)
-            i += 1
         for held in live:
             entries[held] = 1
         self._freed = live
