@@ -24,6 +24,12 @@ Invariants (tested by a hypothesis state machine):
 - several blocks may hold the same hash (two requests computed the same block concurrently): all are
   indexed, a lookup answers with the oldest copy still cached, and evicting one copy leaves the others
   findable (vLLM's ``BlockHashToBlockMap``, same commit, vllm/v1/core/block_pool.py).
+- a block whose hash is private (no other request carries it, and its own request will not look it up:
+  ``cache_range``'s ``private_from``) is *marked* instead of indexed: it counts as cached, is queued and
+  evicted exactly as an indexed block, but costs no index entry. Nothing can look it up, so a lookup
+  answers as it would with the block indexed; ``index_private`` indexes marked blocks when their request
+  could look them up after all (it leaves the device unfinished). A fleet of replicas whose requests share
+  nothing (a chat workload) otherwise spends most of its cache time probing an index nobody hits.
 
 Blocks are ints, not objects: a replica hands out and frees tens of blocks per request, and a simulated
 fleet does so millions of times. Per-block state lives in flat lists indexed by block id, which grow only
@@ -45,6 +51,9 @@ if TYPE_CHECKING:
 
 _COMPACT_SLACK: Final = 1024
 """Stale free-queue entries tolerated beyond the live ones before the queue is rebuilt without them."""
+
+_PRIVATE: Final = object()
+"""What ``_hash_of`` holds for a marked block: a private hash, not indexed (the request holds the value)."""
 
 
 class BlockPool:
@@ -93,7 +102,10 @@ class BlockPool:
         """With caching: the hash each block handed out so far is indexed under, None for none (index = block
         id, as ``_ref``): a list, not a dict, so that every free and every eviction reads it by index."""
         self.cached: dict[int, int] = {}
-        """Hash -> block id: the prefix-cache index (the oldest copy still cached)."""
+        """Hash -> block id: the prefix-cache index (the oldest copy still cached). Marked blocks are not in
+        it (``num_cached`` counts them too)."""
+        self._num_marked = 0
+        """Blocks marked private: cached, but not in the index (``cache_range``)."""
         self._copies: dict[int, list[int]] = {}
         """Hash -> further blocks holding it, oldest first (vLLM indexes duplicate copies too)."""
         self.unhashed_first = unhashed_first
@@ -111,6 +123,11 @@ class BlockPool:
     def num_free(self) -> int:
         """Blocks that can be handed out now, including cached blocks nobody references (evictable)."""
         return self.num_blocks - self._num_handed + self._num_freed + len(self._front)
+
+    @property
+    def num_cached(self) -> int:
+        """Distinct hashes cached: those in the index and the marked blocks' (referenced or evictable)."""
+        return len(self.cached) + self._num_marked
 
     @property
     def num_used(self) -> int:
@@ -133,9 +150,15 @@ class BlockPool:
         return 0 if block_id in self._stack_order() else 1
 
     def block_hash(self, block_id: int) -> int | None:
-        """The hash a block is indexed under (it keeps it while free, until it is popped for reuse)."""
+        """The hash a block is indexed under (it keeps it while free, until it is popped for reuse); None
+        for none, and for a marked block (its request holds the hash)."""
         hash_of = self._hash_of
-        return hash_of[block_id] if block_id < len(hash_of) else None
+        held = hash_of[block_id] if block_id < len(hash_of) else None
+        return None if held is _PRIVATE else held
+
+    def is_marked(self, block_id: int) -> bool:
+        """Whether the block holds a private hash, marked instead of indexed (``cache_range``)."""
+        return block_id < len(self._hash_of) and self._hash_of[block_id] is _PRIVATE
 
     @property
     def free_queue(self) -> list[int]:
@@ -231,6 +254,7 @@ class BlockPool:
         copies: dict[Any, Any] = self._copies
         plain = self.on_evict is None
         evictions: i64 = 0
+        unmarked: i64 = 0
         while remaining:
             held = freed[head]
             index: int = held
@@ -242,7 +266,10 @@ class BlockPool:
             block_hash = hash_of[index]
             if block_hash is not None:
                 hash_of[index] = None
-                if plain and (not copies or block_hash not in copies):
+                if block_hash is _PRIVATE:  # evicted without touching the index
+                    evictions += 1
+                    unmarked += 1
+                elif plain and (not copies or block_hash not in copies):
                     del cached[block_hash]
                     evictions += 1
                 else:
@@ -251,6 +278,7 @@ class BlockPool:
             given.append(held)
             remaining -= 1
         self.num_evictions += evictions
+        self._num_marked -= unmarked
         if head > _COMPACT_SLACK and 2 * head > len(freed):
             del freed[:head]  # the entries read are most of the list: drop them (amortised O(1) each)
             head = 0
@@ -417,9 +445,12 @@ class BlockPool:
             raise ValueError(f"{len(block_ids)} blocks but {len(block_hashes)} hashes")
         self.cache_range(list(block_ids), list(block_hashes), 0, len(block_ids))
 
-    def cache_range(self, block_ids: list[int], block_hashes: list[int], start: int, stop: int) -> None:
+    def cache_range(self, block_ids: list[int], block_hashes: list[int], start: int, stop: int,
+                    private_from: int = 1 << 62) -> None:
         """``cache_blocks(block_ids[start:stop], block_hashes[start:stop])`` without the slices: a request's
-        table and hashes, indexed from its first block not yet indexed."""
+        table and hashes, indexed from its first block not yet indexed. Blocks from ``private_from`` on hold
+        hashes private to the request, which will not look them up while they are marked: they are marked
+        instead of indexed (with a listener, ``on_cache`` or ``on_evict``, every block is indexed)."""
         if not self.enable_caching:
             return
         # Ids and hashes typed as objects: compiled, they go from list to dict as they are (as ints they would
@@ -432,7 +463,11 @@ class BlockPool:
         on_cache = self.on_cache
         i: i64 = start
         count: i64 = stop
-        while i < count:
+        mark: i64 = private_from
+        if mark < count and (on_cache is not None or self.on_evict is not None):
+            mark = count
+        indexed: i64 = mark if mark < count else count
+        while i < indexed:
             block_id = ids[i]
             if hash_of[block_id] is None:
                 block_hash = hashes[i]
@@ -443,6 +478,25 @@ class BlockPool:
                 elif on_cache is not None:
                     on_cache(block_hash)
             i += 1
+        marked: i64 = 0
+        while i < count:
+            block_id = ids[i]
+            if hash_of[block_id] is None:
+                hash_of[block_id] = _PRIVATE
+                marked += 1
+            i += 1
+        self._num_marked += marked
+
+    def index_private(self, block_ids: list[int], block_hashes: list[int], start: int, stop: int) -> None:
+        """Index the marked blocks among ``block_ids[start:stop]`` under their hashes, in order, as
+        ``cache_range`` would have (their request may look them up from now on)."""
+        hash_of = self._hash_of
+        for i in range(start, stop):
+            block_id = block_ids[i]
+            if hash_of[block_id] is _PRIVATE:
+                hash_of[block_id] = None
+                self._num_marked -= 1
+        self.cache_range(block_ids, block_hashes, start, stop)
 
     def _compact(self) -> None:
         """Rebuild the freed queue from its live entries, in order (stale entries only cost memory): every

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simulator.core.block_pool import BlockPool
-from simulator.core.request import Request
+from simulator.core.request import NOT_PRIVATE, Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +52,19 @@ class KVStats:
 
 
 class KVManager:
+    """Block tables of the requests holding KV on one replica, over one block pool.
+
+    Private blocks. A request's blocks from ``Request.private_from`` on hold hashes no other request
+    carries (the workload promises it: its own prompt and answer). While the request runs for the first time
+    here, nobody can look them up: other requests do not carry them, and the request itself looks its chain
+    up only on admission. So they are marked in the pool instead of indexed (``BlockPool.cache_range``),
+    which costs no index entry, and the manager indexes them after all when the request leaves the device
+    unfinished (preempted, aborted, migrated, a prefill worker's hand-off: it may come back and look them
+    up), remembering the request id so that its later lives here index as usual. A request that finishes
+    never looks its chain up again. Every lookup therefore answers as it would with every block indexed,
+    and the pool's order, hand-outs and evictions are the same block for block (a test runs both).
+    """
+
     def __init__(self, num_blocks: int, block_size: int, *, enable_caching: bool = True,
                  unhashed_first: bool = True) -> None:
         self.block_size = block_size
@@ -64,6 +77,9 @@ class KVManager:
         """Prompt tokens served from the prefix cache, over the manager's life."""
         self.num_lookup_tokens = 0
         """Prompt tokens looked up in the prefix cache (the denominator of the hit rate)."""
+        self._exposed: set[int] = set()
+        """Requests whose private blocks were indexed here as they left unfinished: their private blocks are
+        indexed as usual from then on (preemptions and migrations only: a handful)."""
 
     @property
     def num_free_blocks(self) -> int:
@@ -137,6 +153,7 @@ class KVManager:
             return None
         to_pop = num_new
         if not blocks:
+            request.mark_from = self._mark_from(request)
             if num_new and not new_computed_blocks:
                 # The request starts holding KV: the pool's new list becomes its table (no copy).
                 blocks = request.block_table = self.pool.get_new_blocks(num_new)
@@ -150,6 +167,18 @@ class KVManager:
         if self.enable_caching and request.block_hashes:
             self._cache_full_blocks(request, blocks, num_new_tokens, len(new_computed_blocks))
         return num_new
+
+    def _mark_from(self, request: Request) -> int:
+        """The first block of this request to mark private rather than index, as it starts holding KV:
+        ``NOT_PRIVATE`` when it may look its chain up here before it finishes (it ran here before and left
+        unfinished, or it is a prefill worker's request, which always leaves unfinished)."""
+        if (
+            request.private_from >= NOT_PRIVATE
+            or request.max_output_tokens < request.spec.output_tokens
+            or request.request_id in self._exposed
+        ):
+            return NOT_PRIVATE
+        return request.private_from
 
     def appends_in_place(self, request: Request) -> bool:
         """Whether ``allocate(request, 1)`` would return [] having changed nothing: the request's next
@@ -181,7 +210,7 @@ class KVManager:
             num_full = min(known // bs, len(request.block_hashes))
             start = request.num_indexed_blocks
             if num_full > start:
-                self.pool.cache_range(table, request.block_hashes, start, num_full)
+                self.pool.cache_range(table, request.block_hashes, start, num_full, request.mark_from)
                 request.num_indexed_blocks = num_full
 
     def append_blocks(self, tables: list[list[int]]) -> None:
@@ -213,7 +242,7 @@ class KVManager:
         start = request.num_indexed_blocks
         if num_full <= start:
             return
-        self.pool.cache_range(blocks, request.block_hashes, start, num_full)
+        self.pool.cache_range(blocks, request.block_hashes, start, num_full, request.mark_from)
         request.num_indexed_blocks = num_full
 
     def record_lookup(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
@@ -224,6 +253,12 @@ class KVManager:
         """Release the request's blocks, tail first (its longest prefixes are evicted first)."""
         self.req_blocks.pop(request.request_id, None)
         blocks = request.block_table
+        mark = request.mark_from
+        if request.num_indexed_blocks > mark and request.num_output_tokens < request.spec.output_tokens:
+            # Leaving unfinished, it may come back and look its chain up: index what was only marked.
+            self.pool.index_private(blocks, request.block_hashes, mark, request.num_indexed_blocks)
+            self._exposed.add(request.request_id)
+        request.mark_from = NOT_PRIVATE
         request.block_table = []  # the old table leaves the request: the pool takes it over
         request.num_indexed_blocks = 0
         if blocks:
@@ -249,7 +284,7 @@ class KVManager:
         return KVStats(
             num_blocks=self.pool.num_blocks,
             num_used_blocks=used_blocks,
-            num_cached_blocks=len(self.pool.cached),
+            num_cached_blocks=self.pool.num_cached,
             num_stored_tokens=used_blocks * bs - unused,
             num_reserved_unused_slots=unused,
             num_tail_slack_slots=tail,

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from mypy_extensions import i64  # compiled, a machine integer; plain int in Python
+
+NOT_PRIVATE: Final = 1 << 62
+"""``Request.private_from`` of a request none of whose blocks is declared private (beyond any table)."""
 
 
 @dataclass(slots=True, init=False)
@@ -42,9 +45,15 @@ class RequestSpec:
     """Conversation the request belongs to, if any (session-affinity routing uses it)."""
     priority: int = 0
     """Lower is more urgent, as in vLLM's priority scheduling."""
+    private_from: int | None = None
+    """Index of the first block whose hash no other request carries, from there to the end of its token
+    stream (its own prompt past a shared system prompt, and its answer): a promise by the workload, which
+    lets the KV manager skip indexing those blocks while nobody can look them up (``KVManager``). None:
+    any block may be shared (sessions, traces with prefix ids, hashes given by hand)."""
 
     def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
-                 block_hashes: tuple[int, ...] = (), session_id: int | None = None, priority: int = 0) -> None:
+                 block_hashes: tuple[int, ...] = (), session_id: int | None = None, priority: int = 0,
+                 private_from: int | None = None) -> None:
         self.request_id = request_id
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens
@@ -52,6 +61,7 @@ class RequestSpec:
         self.block_hashes = block_hashes
         self.session_id = session_id
         self.priority = priority
+        self.private_from = private_from
 
 
 class RequestStatus(StrEnum):
@@ -76,6 +86,7 @@ class Request:
         "arrival_s",
         "block_hashes",
         "block_table",
+        "mark_from",
         "max_output_tokens",
         "num_cached_tokens",
         "num_computed_tokens",
@@ -86,6 +97,7 @@ class Request:
         "num_prompt_tokens",
         "num_swapped_tokens",
         "priority",
+        "private_from",
         "request_id",
         "session_id",
         "spec",
@@ -124,6 +136,11 @@ class Request:
         the KV manager changes (kept on the request so the per-step paths reach it without a lookup)."""
         self.num_indexed_blocks = 0
         """Leading blocks of the table the KV manager has indexed in the prefix cache."""
+        self.private_from: i64 = NOT_PRIVATE if spec.private_from is None else spec.private_from
+        """``spec.private_from``, or ``NOT_PRIVATE``."""
+        self.mark_from: i64 = NOT_PRIVATE
+        """First block the KV manager marks private instead of indexing, while the request holds KV (set
+        as it starts holding it; ``NOT_PRIVATE``: none)."""
 
     @property
     def num_tokens(self) -> int:
@@ -147,15 +164,20 @@ class Request:
 
 
 def specs_from_columns(first_id: int, arrival_s: list[float], prompt_tokens: list[int], output_tokens: list[int],
-                       session_id: list[int], block_hashes: list[tuple[int, ...]]) -> list[RequestSpec]:
+                       session_id: list[int], block_hashes: list[tuple[int, ...]],
+                       private_from: list[int] | None = None) -> list[RequestSpec]:
     """The specs of consecutive requests ``first_id``, ``first_id + 1``, ... from a workload's columns (a
-    negative session id is none). One compiled loop: a workload builds a spec per request."""
+    negative session id or ``private_from`` is none; ``private_from`` None: none for all). One compiled
+    loop: a workload builds a spec per request."""
     n = len(arrival_s)
     if not len(prompt_tokens) == len(output_tokens) == len(session_id) == len(block_hashes) == n:
+        raise ValueError("spec columns must have equal lengths")
+    if private_from is not None and len(private_from) != n:
         raise ValueError("spec columns must have equal lengths")
     specs: list[RequestSpec] = []
     for i in range(n):
         session = session_id[i]
+        private = -1 if private_from is None else private_from[i]
         specs.append(RequestSpec(first_id + i, arrival_s[i], prompt_tokens[i], output_tokens[i], block_hashes[i],
-                                 session if session >= 0 else None))
+                                 session if session >= 0 else None, 0, private if private >= 0 else None))
     return specs

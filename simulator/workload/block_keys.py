@@ -98,6 +98,11 @@ class BlockKeys(Protocol):
         """(keys as uint64, offsets of each request's keys, length stop - start + 1)."""
         ...
 
+    def private_from(self, start: int, stop: int) -> np.ndarray | None:
+        """Index of each request's first block no other request's keys can equal (``RequestSpec.private_from``),
+        or None when any block may be shared."""
+        ...
+
 
 class SyntheticBlockKeys:
     """Blocks of synthetic token streams: an optional shared system prompt, then a private stream.
@@ -127,6 +132,7 @@ class SyntheticBlockKeys:
         self._hashed_tokens = hashed_tokens
         self._prefix_id = prefix_id
         self._prefix_blocks = prefix_tokens // block_size
+        self._private = stream_tag is BlockTag.REQUEST
 
     def keys(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         offsets, row, position = block_positions(self._hashed_tokens[start:stop] // self._block_size)
@@ -140,6 +146,15 @@ class SyntheticBlockKeys:
         # (owner, position) packed in one word: both stay far below 2**32 (ids count requests or sessions).
         packed = (owner.astype(np.uint64) << np.uint64(32)) | position.astype(np.uint64)
         return _mix_into(packed ^ tag), offsets
+
+    def private_from(self, start: int, stop: int) -> np.ndarray | None:
+        """A request's own stream is private past its system prompt's blocks; a session's is not (its next
+        turn walks it again)."""
+        if not self._private:
+            return None
+        if self._prefix_id is None:
+            return np.zeros(stop - start, dtype=np.int64)
+        return np.where(self._prefix_id[start:stop] >= 0, self._prefix_blocks, 0).astype(np.int64)
 
 
 class MooncakeBlockKeys:
@@ -160,6 +175,10 @@ class MooncakeBlockKeys:
         self._id_offsets = id_offsets
         self._prompt_tokens = prompt_tokens
         self._tag = _namespace_key(0, BlockTag.MOONCAKE)  # trace ids mean the same whatever the seed
+
+    def private_from(self, start: int, stop: int) -> np.ndarray | None:
+        """None: any two requests may carry the same ids."""
+        return None
 
     def keys(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         first_id = self._id_offsets[start:stop]

@@ -114,6 +114,7 @@ class Workload:
         return [tuple(hashes[a:b]) for a, b in itertools.pairwise(bounds)]
 
     def _chunk(self, start: int, stop: int, *, block_hashes: bool = True) -> list[RequestSpec]:
+        private = self._block_keys.private_from(start, stop) if block_hashes and self._block_keys else None
         return specs_from_columns(
             start,
             self.arrival_s[start:stop].tolist(),
@@ -121,6 +122,7 @@ class Workload:
             self.output_tokens[start:stop].tolist(),
             self.session_id[start:stop].tolist(),
             self._hashes(start, stop) if block_hashes else [()] * (stop - start),
+            None if private is None else private.tolist(),
         )
 
 

@@ -1,0 +1,168 @@
+"""Private blocks against the reference, operation by operation: two KV managers driven alike, one given
+the requests' ``private_from`` (their own blocks marked, not indexed) and one not (every block indexed).
+Every lookup, table, hand-out order, eviction count and cached-block count must agree at every step."""
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from simulator.core.block_pool import BlockPool
+from simulator.core.kv_manager import KVManager
+from simulator.core.request import Request, RequestSpec
+
+BS = 4
+SHARED = 2
+"""Leading blocks of a request that carry its family's system prompt (shared); the rest are its own."""
+
+
+def _spec(request_id: int, family: int, prompt: int, output: int, *, private: bool) -> RequestSpec:
+    """Hashes for prompt and answer, as the synthetic workloads make them: the first ``SHARED`` blocks are
+    the family's, the rest the request's own (a retry of the same request carries the same ones)."""
+    num_full = (prompt + output) // BS
+    hashes = tuple(family * 100 + i if i < SHARED else 10_000 + request_id * 100 + i for i in range(num_full))
+    return RequestSpec(request_id, 0.0, prompt, output, block_hashes=hashes,
+                       private_from=SHARED if private else None)
+
+
+class TwinMachine(RuleBasedStateMachine):
+    """Admit (with prefix hits), compute, produce, finish, preempt and re-admit, retry as a new request."""
+
+    @initialize(num_blocks=st.integers(6, 40), prefill_worker=st.booleans())
+    def setup(self, num_blocks: int, prefill_worker: bool) -> None:
+        self.twins = (KVManager(num_blocks, BS), KVManager(num_blocks, BS))  # private, reference
+        self.prefill_worker = prefill_worker
+        """Requests end at their first token, as on a prefill worker (they always leave unfinished)."""
+        self.running: dict[int, tuple[Request, Request]] = {}
+        self.waiting: dict[int, tuple[Request, Request]] = {}
+        self.next_id = 0
+
+    def _make(self, request_id: int, family: int, prompt: int, output: int) -> tuple[Request, Request]:
+        if self.prefill_worker:
+            output = max(output, 2)  # one token would be the whole request: it finishes on the prefill worker
+        pair = (Request(_spec(request_id, family, prompt, output, private=True)),
+                Request(_spec(request_id, family, prompt, output, private=False)))
+        if self.prefill_worker:
+            for request in pair:
+                request.max_output_tokens = 1
+        return pair
+
+    def _admit(self, pair: tuple[Request, Request], chunk: int) -> None:
+        hits = [kv.get_computed_blocks(r) for kv, r in zip(self.twins, pair, strict=True)]
+        assert hits[0] == hits[1]
+        num_new = min(chunk, pair[1].num_tokens - len(hits[1]) * BS)
+        fresh = [kv.allocate(r, num_new, h) for kv, r, h in zip(self.twins, pair, hits, strict=True)]
+        assert fresh[0] == fresh[1]
+        if fresh[1] is None:
+            self.waiting[pair[1].request_id] = pair
+            return
+        for request, hit in zip(pair, hits, strict=True):
+            request.num_computed_tokens = len(hit) * BS + num_new
+        self.running[pair[1].request_id] = pair
+
+    @rule(family=st.integers(0, 2), prompt=st.integers(1, 40), output=st.integers(1, 12), chunk=st.integers(1, 24))
+    def arrive(self, family: int, prompt: int, output: int, chunk: int) -> None:
+        pair = self._make(self.next_id, family, prompt, output)
+        self.next_id += 1
+        self._admit(pair, chunk)
+
+    @precondition(lambda self: self.waiting)
+    @rule(data=st.data(), chunk=st.integers(1, 24))
+    def readmit(self, data: st.DataObject, chunk: int) -> None:
+        pair = self.waiting.pop(data.draw(st.sampled_from(sorted(self.waiting))))
+        self._admit(pair, chunk)
+
+    @precondition(lambda self: self.waiting)
+    @rule(data=st.data(), chunk=st.integers(1, 24))
+    def retry(self, data: st.DataObject, chunk: int) -> None:
+        """A request lost with a replica comes back as a new request object with the same spec."""
+        old = self.waiting.pop(data.draw(st.sampled_from(sorted(self.waiting))))
+        spec = old[1].spec
+        self._admit(self._make(spec.request_id, spec.block_hashes[0] // 100 if spec.block_hashes else 0,
+                               spec.prompt_tokens, spec.output_tokens), chunk)
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data(), n=st.integers(1, 12))
+    def step(self, data: st.DataObject, n: int) -> None:
+        """Compute up to n tokens, or produce one (a decode); the last one finishes the request, at once (as a
+        scheduler does: a request with all its outputs is never preempted)."""
+        pair = self.running[data.draw(st.sampled_from(sorted(self.running)))]
+        ref = pair[1]
+        if ref.num_computed_tokens < ref.num_tokens:
+            n = min(n, ref.num_tokens - ref.num_computed_tokens)
+            fresh = [kv.allocate(r, n) for kv, r in zip(self.twins, pair, strict=True)]
+            assert fresh[0] == fresh[1]
+            if fresh[1] is not None:
+                for request in pair:
+                    request.num_computed_tokens += n
+            return
+        for request in pair:
+            request.num_output_tokens += 1
+        if ref.num_output_tokens == ref.max_output_tokens:
+            del self.running[ref.request_id]
+            for kv, request in zip(self.twins, pair, strict=True):
+                kv.free(request)
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def preempt(self, data: st.DataObject) -> None:
+        pair = self.running.pop(data.draw(st.sampled_from(sorted(self.running))))
+        for kv, request in zip(self.twins, pair, strict=True):
+            kv.free(request)
+            request.num_computed_tokens = 0
+        self.waiting[pair[1].request_id] = pair
+
+    @invariant()
+    def the_same_to_every_reader(self) -> None:
+        private, reference = (kv.pool for kv in self.twins)
+        assert private.free_queue == reference.free_queue
+        assert private.num_evictions == reference.num_evictions
+        assert private.num_cached == reference.num_cached == len(reference.cached)
+        assert [private.ref_count(b) for b in range(private.num_blocks)] == \
+               [reference.ref_count(b) for b in range(reference.num_blocks)]
+        for pair in self.running.values():
+            assert pair[0].block_table == pair[1].block_table
+        # Every hash someone may still look up answers alike; the rest are marked on the same blocks.
+        exposed = self.twins[0]._exposed
+        live = {r.request_id for pair in (*self.running.values(), *self.waiting.values()) for r in pair}
+        for block_hash, block in reference.cached.items():
+            owner = block_hash // 100 - 100 if block_hash >= 10_000 else None
+            if owner is None or owner in exposed or self.prefill_worker:
+                assert private.cached.get(block_hash) == block
+            else:
+                assert private.is_marked(block) or (owner in live and private.cached.get(block_hash) == block)
+        assert private.num_cached - len(private.cached) == sum(private.is_marked(b) for b in range(private.num_blocks))
+        if self.prefill_worker:
+            assert private.num_cached == len(private.cached), "a prefill worker's requests must not be marked"
+
+
+TestTwins = TwinMachine.TestCase
+TestTwins.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
+
+
+def test_marked_blocks_are_cached_queued_and_evicted_like_indexed_ones() -> None:
+    pool = BlockPool(4)
+    blocks = pool.get_new_blocks(3)
+    pool.cache_range(blocks, [7, 8, 9], 0, 3, private_from=1)
+    assert pool.cached == {7: blocks[0]} and pool.num_cached == 3
+    assert [pool.is_marked(b) for b in blocks] == [False, True, True]
+    assert pool.block_hash(blocks[1]) is None
+    pool.free_blocks(reversed(blocks))
+    assert pool.free_queue == [3, blocks[2], blocks[1], blocks[0]]  # marked blocks queue as hashed ones do
+    pool.get_new_blocks(3)
+    assert pool.num_evictions == 2 and pool.num_cached == 1
+    pool.get_new_blocks(1)
+    assert pool.num_evictions == 3 and pool.num_cached == 0 and not pool.cached
+
+
+def test_marked_blocks_are_indexed_when_asked_and_with_a_listener() -> None:
+    pool = BlockPool(4)
+    blocks = pool.get_new_blocks(2)
+    pool.cache_range(blocks, [7, 8], 0, 2, private_from=0)
+    pool.index_private(blocks, [7, 8], 0, 2)
+    assert pool.cached == {7: blocks[0], 8: blocks[1]} and pool.num_cached == 2
+    listened = BlockPool(4)
+    seen: list[int] = []
+    listened.on_cache = seen.append
+    more = listened.get_new_blocks(2)
+    listened.cache_range(more, [7, 8], 0, 2, private_from=0)
+    assert seen == [7, 8] and listened.cached == {7: more[0], 8: more[1]}
