@@ -1,6 +1,7 @@
 """Block hashes a request brings to the prefix cache, derived from integers and never from Python's
-salted ``hash()``: per-block content keys (synthetic streams with shared system prompts, or Mooncake's
-block ids) chained with a splitmix64 mix, so equal hashes at block j mean equal content at blocks 0..j."""
+salted ``hash()``: equal hashes at block j mean equal content at blocks 0..j. Mooncake's block ids name one
+block's content only, so they are chained with a splitmix64 mix; a synthetic block's key already names
+everything before it (its stream, whose system prompt is fixed, and its position), so it is its own hash."""
 
 from __future__ import annotations
 
@@ -92,10 +93,14 @@ def block_positions(num_blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
 
 
 class BlockKeys(Protocol):
-    """Content keys of each full block of requests [start, stop), to be chained into block hashes."""
+    """Content keys of each full block of requests [start, stop), and the block hashes they make."""
 
     def keys(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """(keys as uint64, offsets of each request's keys, length stop - start + 1)."""
+        ...
+
+    def hashes(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """(block hashes as uint64, offsets as ``keys``): equal hashes at block j mean equal blocks 0..j."""
         ...
 
     def private_from(self, start: int, stop: int) -> np.ndarray | None:
@@ -147,6 +152,12 @@ class SyntheticBlockKeys:
         packed = (owner.astype(np.uint64) << np.uint64(32)) | position.astype(np.uint64)
         return _mix_into(packed ^ tag), offsets
 
+    def hashes(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """The keys themselves: a key names its stream (or system prompt) and position, and a stream's
+        system prompt is fixed, so equal keys already mean equal blocks up to there (no chaining: most of
+        the cost of building a request with thousands of prompt tokens)."""
+        return self.keys(start, stop)
+
     def private_from(self, start: int, stop: int) -> np.ndarray | None:
         """A request's own stream is private past its system prompt's blocks; a session's is not (its next
         turn walks it again)."""
@@ -179,6 +190,11 @@ class MooncakeBlockKeys:
     def private_from(self, start: int, stop: int) -> np.ndarray | None:
         """None: any two requests may carry the same ids."""
         return None
+
+    def hashes(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ids chained: an id names one block's content, not what came before it."""
+        keys, offsets = self.keys(start, stop)
+        return chain_hashes(keys, offsets), offsets
 
     def keys(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         first_id = self._id_offsets[start:stop]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simulator.core.request import RequestSpec, specs_from_columns
-from simulator.workload.block_keys import BlockKeys, chain_hashes
+from simulator.workload.block_keys import BlockKeys
 
 _ITER_CHUNK = 4096
 """Requests whose hashes are computed together while iterating: big enough to amortise numpy calls,
@@ -108,8 +108,8 @@ class Workload:
     def _hashes(self, start: int, stop: int) -> list[tuple[int, ...]]:
         if self._block_keys is None:
             return [()] * (stop - start)
-        keys, offsets = self._block_keys.keys(start, stop)
-        hashes = chain_hashes(keys, offsets).tolist()  # Python ints, as RequestSpec declares
+        values, offsets = self._block_keys.hashes(start, stop)
+        hashes = values.tolist()  # Python ints, as RequestSpec declares
         bounds = offsets.tolist()
         return [tuple(hashes[a:b]) for a, b in itertools.pairwise(bounds)]
 
