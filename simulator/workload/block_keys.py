@@ -129,6 +129,7 @@ class SyntheticBlockKeys:
         hashed_tokens: np.ndarray,
         prefix_id: np.ndarray | None = None,
         prefix_tokens: int = 0,
+        private_from: np.ndarray | None = None,
     ) -> None:
         self._prefix_tag = _namespace_key(seed, BlockTag.SYSTEM_PROMPT)
         self._stream_tag = _namespace_key(seed, stream_tag)
@@ -138,6 +139,9 @@ class SyntheticBlockKeys:
         self._prefix_id = prefix_id
         self._prefix_blocks = prefix_tokens // block_size
         self._private = stream_tag is BlockTag.REQUEST
+        self._private_from = private_from
+        """Sessions: each turn's first block no other turn carries (-1: none), given by the generator, which
+        knows which turn is a session's last."""
 
     def keys(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         offsets, row, position = block_positions(self._hashed_tokens[start:stop] // self._block_size)
@@ -159,8 +163,10 @@ class SyntheticBlockKeys:
         return self.keys(start, stop)
 
     def private_from(self, start: int, stop: int) -> np.ndarray | None:
-        """A request's own stream is private past its system prompt's blocks; a session's is not (its next
-        turn walks it again)."""
+        """A request's own stream is private past its system prompt's blocks. A session's stream is walked
+        again by its next turn: only its last turn's new blocks are private (as the generator says)."""
+        if self._private_from is not None:
+            return self._private_from[start:stop]
         if not self._private:
             return None
         if self._prefix_id is None:

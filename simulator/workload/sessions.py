@@ -53,6 +53,11 @@ def generate_sessions(
     order = order[: config.num_requests]
     sorted_turns = {name: column[order] for name, column in turns.items() if name != "session_starts"}
     prefix_id = sorted_turns["prefix_id"] if config.system_prompts is not None else None
+    # A session's last turn (of those kept) is the only one to walk its new blocks: they are private.
+    session = sorted_turns["session_id"]
+    last = np.zeros(len(session), dtype=bool)
+    last[len(session) - 1 - np.unique(session[::-1], return_index=True)[1]] = True
+    private_from = np.where(last, sorted_turns["shared_tokens"] // block_size, -1)
     keys = SyntheticBlockKeys(
         seed=seed,
         block_size=block_size,
@@ -61,6 +66,7 @@ def generate_sessions(
         hashed_tokens=sorted_turns["prompt_tokens"] + sorted_turns["output_tokens"],  # next turn reuses both
         prefix_id=prefix_id,
         prefix_tokens=config.system_prompts.tokens if config.system_prompts is not None else 0,
+        private_from=private_from,
     )
     return Workload(
         arrival_s=sorted_turns["arrival_s"],
@@ -124,4 +130,5 @@ def _session_turns(
         "output_tokens": output[keep],
         "session_id": session[keep],
         "prefix_id": prefix_id[keep],
+        "shared_tokens": (prompt - user)[keep],
     }

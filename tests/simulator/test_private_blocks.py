@@ -42,6 +42,9 @@ CASES: dict[str, list[str]] = {
     "step-by-step-overload": [*OVERLOAD, "simulation.fast_path=false"],
     "tgi-swap": ["engine.preset=tgi", "engine.kv.policy=paged", "engine.kv.preemption=swap", "engine.kv.num_blocks=400",
                  "workload.arrival.rate_rps=80"],
+    "sessions-overload": [*OVERLOAD, "workload.sessions={turns: {dist: uniform, low: 1, high: 4}, think_time_s: 1, "
+                          "response_time_estimate_s: 0.5}",
+                          "workload.prompt_tokens={dist: lognormal, median: 120, sigma: 0.5, max: 800}"],
     "disaggregated": ["fleet.pools={prefill: {role: prefill, replicas: 1}, decode: {role: decode, replicas: 2}}",
                       "disaggregation={link: {preset: nvlink4}}", "router.policy=least_requests"],
 }

@@ -391,3 +391,38 @@ def test_an_unbounded_lognormal_tail_stops_at_what_a_request_can_hold() -> None:
     wide = LognormalLength(median=1e6, sigma=8.0)
     values = wide.sample(np.random.default_rng(0), 10_000, None)
     assert values.max() == MAX_TOKENS and values.min() >= 1
+
+
+# --- private blocks: the workload's promise that nobody else carries a request's own hashes -------------
+
+
+@pytest.mark.parametrize("shape", ["chat", "chat+system", "sessions", "sessions+system", "sessions-cut"])
+def test_private_blocks_are_carried_by_their_request_only(shape: str) -> None:
+    fields: dict[str, Any] = {"num_requests": 3000}
+    if "system" in shape:
+        fields["system_prompts"] = {"num_prompts": 3, "tokens": 100}
+    if shape.startswith("sessions"):
+        fields["sessions"] = {"turns": {"dist": "uniform", "low": 1, "high": 5}, "think_time_s": 1,
+                              "response_time_estimate_s": 1,
+                              **({"max_context_tokens": 1500} if shape == "sessions-cut" else {})}
+    specs = generate(config(**fields), seed=4, block_size=BLOCK).specs()
+    carriers: dict[int, set[int]] = {}
+    for spec in specs:
+        for block_hash in spec.block_hashes:
+            carriers.setdefault(block_hash, set()).add(spec.request_id)
+    private = [s for s in specs if s.private_from is not None and s.private_from < len(s.block_hashes)]
+    assert private, "no request declares a private block: the test would prove nothing"
+    for spec in private:
+        assert spec.private_from is not None
+        for block_hash in spec.block_hashes[spec.private_from:]:
+            assert carriers[block_hash] == {spec.request_id}
+    if shape.startswith("sessions"):
+        by_session: dict[int | None, list[RequestSpec]] = {}
+        for spec in specs:
+            by_session.setdefault(spec.session_id, []).append(spec)
+        for turns in by_session.values():
+            # Only a session's last turn has private blocks, and they start where its previous turn's end.
+            assert all(t.private_from is None for t in turns[:-1])
+            last = turns[-1]
+            if len(turns) > 1:
+                assert last.private_from == len(turns[-2].block_hashes)
