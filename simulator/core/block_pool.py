@@ -26,10 +26,14 @@ Invariants (tested by a hypothesis state machine):
   findable (vLLM's ``BlockHashToBlockMap``, same commit, vllm/v1/core/block_pool.py).
 - a block whose hash is private (no other request carries it, and its own request will not look it up:
   ``cache_range``'s ``private_from``) is *marked* instead of indexed: it counts as cached, is queued and
-  evicted exactly as an indexed block, but costs no index entry. Nothing can look it up, so a lookup
-  answers as it would with the block indexed; ``index_private`` indexes marked blocks when their request
-  could look them up after all (it leaves the device unfinished). A fleet of replicas whose requests share
-  nothing (a chat workload) otherwise spends most of its cache time probing an index nobody hits.
+  evicted exactly as an indexed block, but costs no index entry and no per-block work. Nothing can look it
+  up, so a lookup answers as it would with the block indexed; ``index_private`` indexes marked blocks when
+  their request could look them up after all (it leaves the device unfinished). A request that finishes
+  frees its marked blocks as one *run* (``free_marked_table``): a list queued as one entry, in the order
+  ``free_blocks`` would have queued them, handed out from by slices. Nothing can hit, free or touch a block
+  in a run, so it keeps the reference count of 1 it had (``ref_count`` and ``ref_cnt`` answer 0 for it)
+  and its entry is always live. A fleet whose requests share nothing (a chat workload) otherwise spends
+  most of its time on per-block bookkeeping for blocks nobody will ever find again.
 
 Blocks are ints, not objects: a replica hands out and frees tens of blocks per request, and a simulated
 fleet does so millions of times. Per-block state lives in flat lists indexed by block id, which grow only
@@ -52,8 +56,6 @@ if TYPE_CHECKING:
 _COMPACT_SLACK: Final = 1024
 """Stale free-queue entries tolerated beyond the live ones before the queue is rebuilt without them."""
 
-_PRIVATE: Final = object()
-"""What ``_hash_of`` holds for a marked block: a private hash, not indexed (the request holds the value)."""
 
 
 class BlockPool:
@@ -84,10 +86,11 @@ class BlockPool:
         self._entries: list[int] = []
         """Entries of each block in ``_freed`` (lazy deletion); kept only with caching, the one user of
         removal from the middle."""
-        self._freed: list[int] = []
+        self._freed: list[Any] = []
         """With caching: blocks handed out and freed since, in the order they were freed (after the
         never-used ones), from ``_freed_head`` on: a list read from a moving head (entries before it are
-        gone; the list is cut when they are most of it) is a queue whose operations are native, compiled."""
+        gone; the list is cut when they are most of it) is a queue whose operations are native, compiled.
+        An entry is a block id, or a run of marked blocks (a list of ids, ``free_marked_table``)."""
         self._freed_head = 0
         self._chunks: list[list[int]] = []
         """Without caching, the free stack (blocks handed out and freed since, the most recently freed first
@@ -97,7 +100,8 @@ class BlockPool:
         self._offsets: list[int] = []
         """The ``_offset`` of each chunk below the top, bottom first (kept when a chunk is covered)."""
         self._num_freed = 0
-        """Live entries of ``_freed`` (with caching) or blocks in ``_chunks`` (without)."""
+        """Free blocks in ``_freed`` (with caching: its live entries and the blocks of its runs) or in
+        ``_chunks`` (without)."""
         self._hash_of: list[Any] = []
         """With caching: the hash each block handed out so far is indexed under, None for none (index = block
         id, as ``_ref``): a list, not a dict, so that every free and every eviction reads it by index."""
@@ -106,6 +110,10 @@ class BlockPool:
         it (``num_cached`` counts them too)."""
         self._num_marked = 0
         """Blocks marked private: cached, but not in the index (``cache_range``)."""
+        self._num_in_runs = 0
+        """Free blocks in runs (``free_marked_table``)."""
+        self._run_offset = 0
+        """Blocks already handed out of the run at the head of ``_freed`` (0 when the head is a block)."""
         self._copies: dict[int, list[int]] = {}
         """Hash -> further blocks holding it, oldest first (vLLM indexes duplicate copies too)."""
         self.unhashed_first = unhashed_first
@@ -136,9 +144,14 @@ class BlockPool:
     @property
     def ref_cnt(self) -> list[int]:
         """Reference count of each block handed out so far (index = block id; later ids are all 0).
-        Without caching it is derived, in O(blocks): for checks, not for hot paths."""
+        Without caching, or with blocks in runs, it is derived, in O(blocks): for checks, not hot paths."""
         if self.enable_caching:
-            return self._ref
+            if not self._num_in_runs:
+                return self._ref
+            counts = list(self._ref)
+            for block_id in self._run_blocks():
+                counts[block_id] = 0
+            return counts
         free = set(self._stack_order())
         return [0 if block_id in free else 1 for block_id in range(self._num_handed)]
 
@@ -146,19 +159,32 @@ class BlockPool:
         if block_id >= self._num_handed:
             return 0
         if self.enable_caching:
+            if self._num_in_runs and block_id in self._run_blocks():
+                return 0
             return self._ref[block_id]
         return 0 if block_id in self._stack_order() else 1
+
+    def num_unreferenced(self, blocks: Sequence[int]) -> int:
+        """How many of these blocks nobody references (prefix hits on free cached blocks: never blocks in a
+        run, which nothing can find)."""
+        ref = self._ref
+        return sum([1 for block_id in blocks if ref[block_id] == 0])
+
+    def _run_blocks(self) -> set[int]:
+        """The free blocks in runs (for checks)."""
+        return {block_id for entry in self._take_live(list(self._entries), flatten=False)
+                if isinstance(entry, list) for block_id in entry}
 
     def block_hash(self, block_id: int) -> int | None:
         """The hash a block is indexed under (it keeps it while free, until it is popped for reuse); None
         for none, and for a marked block (its request holds the hash)."""
         hash_of = self._hash_of
-        held = hash_of[block_id] if block_id < len(hash_of) else None
-        return None if held is _PRIVATE else held
+        return hash_of[block_id] if block_id < len(hash_of) else None
 
-    def is_marked(self, block_id: int) -> bool:
-        """Whether the block holds a private hash, marked instead of indexed (``cache_range``)."""
-        return block_id < len(self._hash_of) and self._hash_of[block_id] is _PRIVATE
+    @property
+    def num_marked(self) -> int:
+        """Blocks marked private (cached, not indexed), referenced or free."""
+        return self._num_marked
 
     @property
     def free_queue(self) -> list[int]:
@@ -179,25 +205,35 @@ class BlockPool:
 
     def _live_freed(self) -> list[int]:
         """The live entries of the freed queue, in order: a free block's most recent entry."""
-        return self._take_live(list(self._entries))  # on a copy of the counts: a reader changes nothing
+        return self._take_live(list(self._entries), flatten=True)  # on a copy: a reader changes nothing
 
-    def _take_live(self, counts: list[int]) -> list[Any]:
+    def _take_live(self, counts: list[int], *, flatten: bool) -> list[Any]:
         """The live entries of the freed queue, in order, in one pass with no side table: each entry read
         takes one off its block's entry count in ``counts`` (``_entries`` or a copy), so the entry that
         brings the count to zero is the block's most recent, live if the block is free. Every queued
-        block's count ends at zero."""
+        block's count ends at zero. A run is live whole (what is left of it at the head): its blocks
+        (``flatten``) or the run as one list."""
         live: list[Any] = []
         ref = self._ref
         freed: list[Any] = self._freed
         i: i64 = self._freed_head
         count: i64 = len(freed)
+        offset = self._run_offset
         while i < count:
             held = freed[i]
-            block_id: int = held
-            left = counts[block_id] - 1
-            counts[block_id] = left
-            if left == 0 and ref[block_id] == 0:
-                live.append(held)
+            if isinstance(held, list):
+                part = held[offset:] if offset else held
+                if flatten:
+                    live.extend(part)
+                else:
+                    live.append(part)
+            else:
+                block_id: int = held
+                left = counts[block_id] - 1
+                counts[block_id] = left
+                if left == 0 and ref[block_id] == 0:
+                    live.append(held)
+            offset = 0
             i += 1
         return live
 
@@ -254,9 +290,25 @@ class BlockPool:
         copies: dict[Any, Any] = self._copies
         plain = self.on_evict is None
         evictions: i64 = 0
-        unmarked: i64 = 0
+        from_runs: i64 = 0
         while remaining:
             held = freed[head]
+            if isinstance(held, list):
+                # A run of marked blocks: handed out as a slice, each one evicted (nothing to unindex), its
+                # reference count still 1.
+                run: list[Any] = held
+                offset: i64 = self._run_offset
+                num_taken: i64 = len(run) - offset
+                if num_taken > remaining:
+                    num_taken = remaining
+                    self._run_offset = offset + num_taken
+                else:
+                    self._run_offset = 0
+                    head += 1
+                given += run[offset:offset + num_taken]
+                from_runs += num_taken
+                remaining -= num_taken
+                continue
             index: int = held
             head += 1
             left = entries[index] - 1
@@ -266,10 +318,7 @@ class BlockPool:
             block_hash = hash_of[index]
             if block_hash is not None:
                 hash_of[index] = None
-                if block_hash is _PRIVATE:  # evicted without touching the index
-                    evictions += 1
-                    unmarked += 1
-                elif plain and (not copies or block_hash not in copies):
+                if plain and (not copies or block_hash not in copies):
                     del cached[block_hash]
                     evictions += 1
                 else:
@@ -277,8 +326,9 @@ class BlockPool:
             ref[index] = 1
             given.append(held)
             remaining -= 1
-        self.num_evictions += evictions
-        self._num_marked -= unmarked
+        self.num_evictions += evictions + from_runs
+        self._num_marked -= from_runs
+        self._num_in_runs -= from_runs
         if head > _COMPACT_SLACK and 2 * head > len(freed):
             del freed[:head]  # the entries read are most of the list: drop them (amortised O(1) each)
             head = 0
@@ -386,6 +436,25 @@ class BlockPool:
             return
         self._push_chunk(table)
 
+    def free_marked_table(self, table: list[int], start: int, stop: int) -> None:
+        """``free_table`` for a finished request whose blocks ``table[start:stop]`` are marked (``cache_range``):
+        they reach the tail of the queue as one run, in the order ``free_blocks`` would have queued them,
+        between the partly filled blocks after them (to the front) and its blocks before them."""
+        if stop < len(table):
+            tail = table[stop:]
+            tail.reverse()
+            self.free_blocks(tail)
+        run = table[start:stop]
+        run.reverse()
+        freed: list[Any] = self._freed  # block ids, and runs of them
+        freed.append(run)
+        self._num_freed += stop - start
+        self._num_in_runs += stop - start
+        if start:
+            head = table[:start]
+            head.reverse()
+            self.free_blocks(head)
+
     def _drop_top(self) -> None:
         """The top chunk is all out: the one below (if any) is the top again, with its offset."""
         self._chunks.pop()
@@ -467,6 +536,9 @@ class BlockPool:
         if mark < count and (on_cache is not None or self.on_evict is not None):
             mark = count
         indexed: i64 = mark if mark < count else count
+        if indexed < count:
+            # The request's own fresh blocks, none indexed: marked by count alone.
+            self._num_marked += count - (indexed if indexed > start else start)
         while i < indexed:
             block_id = ids[i]
             if hash_of[block_id] is None:
@@ -478,32 +550,21 @@ class BlockPool:
                 elif on_cache is not None:
                     on_cache(block_hash)
             i += 1
-        marked: i64 = 0
-        while i < count:
-            block_id = ids[i]
-            if hash_of[block_id] is None:
-                hash_of[block_id] = _PRIVATE
-                marked += 1
-            i += 1
-        self._num_marked += marked
 
     def index_private(self, block_ids: list[int], block_hashes: list[int], start: int, stop: int) -> None:
-        """Index the marked blocks among ``block_ids[start:stop]`` under their hashes, in order, as
-        ``cache_range`` would have (their request may look them up from now on)."""
-        hash_of = self._hash_of
-        for i in range(start, stop):
-            block_id = block_ids[i]
-            if hash_of[block_id] is _PRIVATE:
-                hash_of[block_id] = None
-                self._num_marked -= 1
+        """Index a request's marked blocks ``block_ids[start:stop]`` under their hashes, in order, as
+        ``cache_range`` would have (the request may look them up from now on)."""
+        self._num_marked -= stop - start
         self.cache_range(block_ids, block_hashes, start, stop)
 
     def _compact(self) -> None:
         """Rebuild the freed queue from its live entries, in order (stale entries only cost memory): every
         queued block's entry count drops to zero as they are found, and the live ones' go back to one."""
-        live = self._take_live(self._entries)
+        live = self._take_live(self._entries, flatten=False)
         entries = self._entries
         for held in live:
-            entries[held] = 1
+            if not isinstance(held, list):
+                entries[held] = 1
         self._freed = live
         self._freed_head = 0
+        self._run_offset = 0

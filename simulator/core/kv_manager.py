@@ -144,11 +144,7 @@ class KVManager:
                 return 0
         num_new = self.num_blocks_needed(request, num_new_tokens, len(new_computed_blocks), reserve_tokens)
         # Hit blocks nobody references sit in the free queue: taking them consumes free capacity too.
-        if new_computed_blocks:
-            ref = self.pool.ref_cnt
-            evictable_hits = sum(1 for b in new_computed_blocks if ref[b] == 0)
-        else:
-            evictable_hits = 0
+        evictable_hits = self.pool.num_unreferenced(new_computed_blocks) if new_computed_blocks else 0
         if num_new + evictable_hits > self.pool.num_free:
             return None
         to_pop = num_new
@@ -254,13 +250,17 @@ class KVManager:
         self.req_blocks.pop(request.request_id, None)
         blocks = request.block_table
         mark = request.mark_from
-        if request.num_indexed_blocks > mark and request.num_output_tokens < request.spec.output_tokens:
-            # Leaving unfinished, it may come back and look its chain up: index what was only marked.
-            self.pool.index_private(blocks, request.block_hashes, mark, request.num_indexed_blocks)
-            self._exposed.add(request.request_id)
+        indexed = request.num_indexed_blocks
         request.mark_from = NOT_PRIVATE
         request.block_table = []  # the old table leaves the request: the pool takes it over
         request.num_indexed_blocks = 0
+        if indexed > mark:
+            if request.num_output_tokens >= request.spec.output_tokens:
+                self.pool.free_marked_table(blocks, mark, indexed)  # finished: its chain is never looked up again
+                return
+            # Leaving unfinished, it may come back and look its chain up: index what was only marked.
+            self.pool.index_private(blocks, request.block_hashes, mark, indexed)
+            self._exposed.add(request.request_id)
         if blocks:
             self.pool.free_table(blocks)
 

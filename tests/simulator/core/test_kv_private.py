@@ -121,18 +121,24 @@ class TwinMachine(RuleBasedStateMachine):
                [reference.ref_count(b) for b in range(reference.num_blocks)]
         for pair in self.running.values():
             assert pair[0].block_table == pair[1].block_table
-        # Every hash someone may still look up answers alike; the rest are marked on the same blocks.
+        # Every hash someone may still look up answers alike; the rest are marked: held by their request, or
+        # free in a run.
         exposed = self.twins[0]._exposed
-        live = {r.request_id for pair in (*self.running.values(), *self.waiting.values()) for r in pair}
+        in_runs = private._run_blocks()
+        tables = {pair[0].request_id: pair[0].block_table for pair in self.running.values()}
+        marked = 0
         for block_hash, block in reference.cached.items():
             owner = block_hash // 100 - 100 if block_hash >= 10_000 else None
             if owner is None or owner in exposed or self.prefill_worker:
                 assert private.cached.get(block_hash) == block
             else:
-                assert private.is_marked(block) or (owner in live and private.cached.get(block_hash) == block)
-        assert private.num_cached - len(private.cached) == sum(private.is_marked(b) for b in range(private.num_blocks))
+                assert block_hash not in private.cached
+                assert block in in_runs or block in tables.get(owner, ())
+                marked += 1
+        assert private.num_marked == marked
+        assert all(private.ref_count(b) == 0 for b in in_runs)
         if self.prefill_worker:
-            assert private.num_cached == len(private.cached), "a prefill worker's requests must not be marked"
+            assert private.num_marked == 0, "a prefill worker's requests must not be marked"
 
 
 TestTwins = TwinMachine.TestCase
@@ -140,18 +146,20 @@ TestTwins.settings = settings(max_examples=200, stateful_step_count=50, deadline
 
 
 def test_marked_blocks_are_cached_queued_and_evicted_like_indexed_ones() -> None:
-    pool = BlockPool(4)
-    blocks = pool.get_new_blocks(3)
+    pool = BlockPool(5)
+    blocks = pool.get_new_blocks(4)  # a request's table: a shared block, two of its own, a partial one
     pool.cache_range(blocks, [7, 8, 9], 0, 3, private_from=1)
-    assert pool.cached == {7: blocks[0]} and pool.num_cached == 3
-    assert [pool.is_marked(b) for b in blocks] == [False, True, True]
-    assert pool.block_hash(blocks[1]) is None
-    pool.free_blocks(reversed(blocks))
-    assert pool.free_queue == [3, blocks[2], blocks[1], blocks[0]]  # marked blocks queue as hashed ones do
-    pool.get_new_blocks(3)
-    assert pool.num_evictions == 2 and pool.num_cached == 1
-    pool.get_new_blocks(1)
+    assert pool.cached == {7: blocks[0]} and pool.num_cached == 3 and pool.num_marked == 2
+    pool.free_marked_table(blocks, 1, 3)
+    # The partial block to the front, then the marked ones as one run, then the shared one: free_blocks's order.
+    assert pool.free_queue == [blocks[3], 4, blocks[2], blocks[1], blocks[0]]
+    assert pool.num_free == 5 and pool.num_used == 0
+    assert [pool.ref_count(b) for b in blocks] == [0, 0, 0, 0] and pool.ref_cnt[:4] == [0, 0, 0, 0]
+    assert pool.get_new_blocks(3) == [blocks[3], 4, blocks[2]]  # a slice of the run
+    assert pool.num_evictions == 1 and pool.num_cached == 2 and pool.num_marked == 1
+    assert pool.get_new_blocks(2) == [blocks[1], blocks[0]]
     assert pool.num_evictions == 3 and pool.num_cached == 0 and not pool.cached
+    assert pool.ref_cnt == [1, 1, 1, 1, 1]
 
 
 def test_marked_blocks_are_indexed_when_asked_and_with_a_listener() -> None:
@@ -159,10 +167,26 @@ def test_marked_blocks_are_indexed_when_asked_and_with_a_listener() -> None:
     blocks = pool.get_new_blocks(2)
     pool.cache_range(blocks, [7, 8], 0, 2, private_from=0)
     pool.index_private(blocks, [7, 8], 0, 2)
-    assert pool.cached == {7: blocks[0], 8: blocks[1]} and pool.num_cached == 2
+    assert pool.cached == {7: blocks[0], 8: blocks[1]} and pool.num_cached == 2 and pool.num_marked == 0
     listened = BlockPool(4)
     seen: list[int] = []
     listened.on_cache = seen.append
     more = listened.get_new_blocks(2)
     listened.cache_range(more, [7, 8], 0, 2, private_from=0)
-    assert seen == [7, 8] and listened.cached == {7: more[0], 8: more[1]}
+    assert seen == [7, 8] and listened.cached == {7: more[0], 8: more[1]} and listened.num_marked == 0
+
+
+def test_compaction_keeps_runs_whole_and_in_place() -> None:
+    pool = BlockPool(3000)
+    shared = pool.get_new_blocks(1)
+    pool.cache_range(shared, [1], 0, 1)
+    pool.free_blocks(shared)
+    own = pool.get_new_blocks(2)
+    pool.cache_range(own, [2, 3], 0, 2, private_from=0)
+    pool.free_marked_table(own, 0, 2)
+    order = pool.free_queue
+    for _ in range(1500):  # hits on the free shared block leave stale entries until the queue is compacted
+        pool.touch(shared)
+        pool.free_blocks(shared)
+    assert len(pool._freed) < 1100
+    assert pool.free_queue[-3:] == [own[1], own[0], shared[0]] and pool.free_queue[:-3] == order[:-3]
