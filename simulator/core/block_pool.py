@@ -305,7 +305,10 @@ class BlockPool:
                 else:
                     self._run_offset = 0
                     head += 1
-                given += run[offset:offset + num_taken]
+                if num_taken == 1:
+                    given.append(run[offset])  # a decode token starting a block: no slice
+                else:
+                    given += run[offset:offset + num_taken]
                 from_runs += num_taken
                 remaining -= num_taken
                 continue
