@@ -106,9 +106,10 @@ class Observation:
     """Arrivals over the last window, per second."""
     ttft_ms: float
     """The window's TTFT percentile (requests that arrived in it; one still waiting counts its wait so
-    far, a lower bound); NaN with no arrival."""
+    far, a lower bound); NaN with no arrival, and when the policy reads no latency (not computed)."""
     tpot_ms: float
-    """The window's TPOT percentile over the requests of the window that finished; NaN with none."""
+    """The window's TPOT percentile over the requests of the window that finished; NaN with none, and
+    when the policy reads no latency."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,6 +127,8 @@ class Autoscaler(Protocol):
     """An autoscaling policy: the replica count it wants now, and why (one short phrase)."""
 
     name: ClassVar[str]
+    reads_latency: ClassVar[bool]
+    """Whether ``desired`` reads the window's TTFT and TPOT percentiles (the fleet computes them only then)."""
 
     @classmethod
     def from_config(cls, config: AutoscalingConfig, context: ScalingContext) -> Autoscaler: ...
@@ -141,6 +144,7 @@ class ConcurrencyAutoscaler:
     """Hold requests (or waiting requests) per replica at a target, by the HPA's formula."""
 
     name: ClassVar[str] = "concurrency"
+    reads_latency: ClassVar[bool] = False
 
     def __init__(self, *, metric: str, target: float) -> None:
         self._metric = metric
@@ -165,6 +169,7 @@ class SLOAutoscaler:
     ``scale_down_below`` of every target, shrink by one."""
 
     name: ClassVar[str] = "slo"
+    reads_latency: ClassVar[bool] = True
 
     def __init__(self, *, ttft_ms: float | None, tpot_ms: float | None, scale_down_below: float) -> None:
         if ttft_ms is None and tpot_ms is None:
@@ -197,6 +202,7 @@ class ScheduleAutoscaler:
     """A fixed plan: the count of the last step at or before now."""
 
     name: ClassVar[str] = "schedule"
+    reads_latency: ClassVar[bool] = False
 
     def __init__(self, steps: tuple[tuple[float, int], ...]) -> None:
         self._times = np.array([t for t, _ in steps])
@@ -217,6 +223,7 @@ class OracleAutoscaler:
     none is stopped that the load before then still needs."""
 
     name: ClassVar[str] = "oracle"
+    reads_latency: ClassVar[bool] = False
 
     def __init__(self, *, arrivals_s: np.ndarray, rps_per_replica: float, lead_s: float, window_s: float,
                  interval_s: float) -> None:

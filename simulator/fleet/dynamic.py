@@ -120,6 +120,9 @@ class DynamicFleet:
         self._window_s = auto.window_s if auto is not None else 60.0
         self._delay_s = auto.metrics_delay_s if auto is not None else 0.0
         self._observations: deque[Observation] = deque()
+        self._latency = self.scaler is not None and self.scaler.policy.reads_latency
+        """Whether ticks compute the window's latency percentiles (about 1 ms a tick: only for a policy
+        that reads them)."""
         initial = self.base.num_replicas
         if auto is not None:
             initial = min(max(initial, auto.min_replicas), auto.max_replicas)
@@ -352,14 +355,14 @@ class DynamicFleet:
 
     def observe(self, now: float) -> Observation:
         """The metrics now: replica counts, requests held and waiting, the last window's arrival rate and
-        latency percentiles."""
+        (for a policy that reads them) latency percentiles."""
         workload = self.workload
         arrivals = workload.arrival_s
         window = self._window_s
         first, last = (int(i) for i in np.searchsorted(arrivals, [now - window, now], side="left"))
         ttft_ms = tpot_ms = math.nan
         q = self.setup.autoscaling.percentile if self.setup.autoscaling is not None else 90.0
-        if last > first:
+        if last > first and self._latency:
             arrived = arrivals[first:last]
             first_token = self.log.first_token_s[first:last]
             waited = np.where(np.isnan(first_token), now - arrived, first_token - arrived)
