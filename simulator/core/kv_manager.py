@@ -79,7 +79,7 @@ class KVManager:
         """Prompt tokens looked up in the prefix cache (the denominator of the hit rate)."""
         self._exposed: set[int] = set()
         """Requests whose private blocks were indexed here as they left unfinished: their private blocks are
-        indexed as usual from then on (preemptions and migrations only: a handful)."""
+        indexed as usual from then on (one id per request preempted, aborted or moved here)."""
 
     @property
     def num_free_blocks(self) -> int:
