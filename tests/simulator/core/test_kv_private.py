@@ -89,6 +89,12 @@ class TwinMachine(RuleBasedStateMachine):
         ref = pair[1]
         if ref.num_computed_tokens < ref.num_tokens:
             n = min(n, ref.num_tokens - ref.num_computed_tokens)
+            if n == 1 and ref.block_table and self.twins[1].pool.num_free:
+                # A decode token as a decode run appends it (a fresh block when it starts one).
+                for kv, request in zip(self.twins, pair, strict=True):
+                    kv.append_decode_token(request, request.num_computed_tokens, request.num_tokens)
+                    request.num_computed_tokens += 1
+                return
             fresh = [kv.allocate(r, n) for kv, r in zip(self.twins, pair, strict=True)]
             assert fresh[0] == fresh[1]
             if fresh[1] is not None:
@@ -190,3 +196,4 @@ def test_compaction_keeps_runs_whole_and_in_place() -> None:
         pool.free_blocks(shared)
     assert len(pool._freed) < 1100
     assert pool.free_queue[-3:] == [own[1], own[0], shared[0]] and pool.free_queue[:-3] == order[:-3]
+
