@@ -56,6 +56,8 @@ if TYPE_CHECKING:
 _COMPACT_SLACK: Final = 1024
 """Stale free-queue entries tolerated beyond the live ones before the queue is rebuilt without them."""
 
+NOT_PRIVATE: Final = 1 << 62
+"""A ``private_from`` past any table: no block is private (``cache_range``, ``Request.private_from``)."""
 
 
 class BlockPool:
@@ -518,7 +520,7 @@ class BlockPool:
         self.cache_range(list(block_ids), list(block_hashes), 0, len(block_ids))
 
     def cache_range(self, block_ids: list[int], block_hashes: list[int], start: int, stop: int,
-                    private_from: int = 1 << 62) -> None:
+                    private_from: int = NOT_PRIVATE) -> None:
         """``cache_blocks(block_ids[start:stop], block_hashes[start:stop])`` without the slices: a request's
         table and hashes, indexed from its first block not yet indexed. Blocks from ``private_from`` on hold
         hashes private to the request, which will not look them up while they are marked: they are marked

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from simulator.core.block_pool import BlockPool
-from simulator.core.request import NOT_PRIVATE, Request
+from simulator.core.block_pool import NOT_PRIVATE, BlockPool
+from simulator.core.request import Request
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
+
+from simulator.core.block_pool import NOT_PRIVATE
 
 if TYPE_CHECKING:
     from mypy_extensions import i64  # compiled, a machine integer; plain int in Python
-
-NOT_PRIVATE: Final = 1 << 62
-"""``Request.private_from`` of a request none of whose blocks is declared private (beyond any table)."""
 
 
 @dataclass(slots=True, init=False)

@@ -121,8 +121,8 @@ class DynamicFleet:
         self._delay_s = auto.metrics_delay_s if auto is not None else 0.0
         self._observations: deque[Observation] = deque()
         self._latency = self.scaler is not None and self.scaler.policy.reads_latency
-        """Whether ticks compute the window's latency percentiles (about 1 ms a tick: only for a policy
-        that reads them)."""
+        """Whether ticks compute the window's latency percentiles (a fraction of a millisecond a tick: only
+        for a policy that reads them)."""
         initial = self.base.num_replicas
         if auto is not None:
             initial = min(max(initial, auto.min_replicas), auto.max_replicas)

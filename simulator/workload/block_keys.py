@@ -138,10 +138,13 @@ class SyntheticBlockKeys:
         self._hashed_tokens = hashed_tokens
         self._prefix_id = prefix_id
         self._prefix_blocks = prefix_tokens // block_size
-        self._private = stream_tag is BlockTag.REQUEST
+        if private_from is None and stream_tag is BlockTag.REQUEST:
+            # A request's own stream is private past its system prompt's blocks.
+            private_from = np.zeros(len(stream_id), dtype=np.int64) if prefix_id is None else \
+                np.where(prefix_id >= 0, self._prefix_blocks, 0).astype(np.int64)
         self._private_from = private_from
-        """Sessions: each turn's first block no other turn carries (-1: none), given by the generator, which
-        knows which turn is a session's last."""
+        """Each request's first block no other request carries (-1: none); None for none at all. Sessions:
+        given by the generator, which knows which turn is a session's last."""
 
     def keys(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         offsets, row, position = block_positions(self._hashed_tokens[start:stop] // self._block_size)
@@ -165,13 +168,7 @@ class SyntheticBlockKeys:
     def private_from(self, start: int, stop: int) -> np.ndarray | None:
         """A request's own stream is private past its system prompt's blocks. A session's stream is walked
         again by its next turn: only its last turn's new blocks are private (as the generator says)."""
-        if self._private_from is not None:
-            return self._private_from[start:stop]
-        if not self._private:
-            return None
-        if self._prefix_id is None:
-            return np.zeros(stop - start, dtype=np.int64)
-        return np.where(self._prefix_id[start:stop] >= 0, self._prefix_blocks, 0).astype(np.int64)
+        return None if self._private_from is None else self._private_from[start:stop]
 
 
 class MooncakeBlockKeys:
