@@ -476,17 +476,28 @@ def hardware_path() -> Path:
     return Path(simulator.__file__).resolve().parent.parent / "calibration" / "hardware.yaml"
 
 
+_HARDWARE_TABLES: dict[tuple[Path, int, int], dict[str, Accelerator]] = {}
+"""Tables read, by (path, mtime in ns, size): a run looks hardware up several times (profile, KV pool, price)
+and parsing the YAML each time cost more than the 10-request simulation; an edited file is read again."""
+
+
 def load_hardware(path: str | Path | None = None) -> dict[str, Accelerator]:
-    """All accelerators of the datasheet table, by short name."""
+    """All accelerators of the datasheet table, by short name (a fresh dict; the accelerators are frozen)."""
     path = Path(path) if path is not None else hardware_path()
     try:
+        stat = path.stat()
+        key = (path, stat.st_mtime_ns, stat.st_size)
+        if key in _HARDWARE_TABLES:
+            return dict(_HARDWARE_TABLES[key])
         data = yaml_text.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as err:
         raise ConfigError(f"cannot read hardware table: {err}", file=path) from None
     try:
-        return dict(HardwareTable.model_validate(data).accelerators)
+        table = dict(HardwareTable.model_validate(data).accelerators)
     except ValidationError as err:
         raise config_error_from_validation(err, HardwareTable, file=path) from None
+    _HARDWARE_TABLES[key] = table
+    return dict(table)
 
 
 def get_accelerator(name: str, table: dict[str, Accelerator] | None = None) -> Accelerator:
