@@ -101,7 +101,7 @@ class PromptHashesOnly(Workload):
         inner: Workload = self.__dict__["_inner"]
         for spec in inner.iter_specs(block_hashes=block_hashes):
             keep = spec.prompt_tokens // inner.block_size
-            yield replace(spec, block_hashes=spec.block_hashes[:keep]) if len(spec.block_hashes) > keep else spec
+            yield spec.with_hashes(spec.block_hashes[:keep]) if len(spec.block_hashes) > keep else spec
 
     def __iter__(self) -> Iterator[RequestSpec]:
         return self.iter_specs()

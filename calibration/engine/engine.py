@@ -26,7 +26,7 @@ import hashlib
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -230,7 +230,7 @@ class Engine:
             prompt = scripted[: spec.prompt_tokens]
             prompt += pseudo_prompt(rid, spec.prompt_tokens - len(prompt), vocab, self.seed)
         if not spec.block_hashes:
-            spec = replace(spec, block_hashes=chain_block_hashes(prompt, bs))
+            spec = spec.with_hashes(chain_block_hashes(prompt, bs))
         return spec, prompt, scripted
 
     def _register(self, request: Request, prompt: list[int], scripted: list[int], ignore_eos: bool) -> Request:

@@ -115,7 +115,7 @@ class DecodeRun:
                 progressions.append((((first - 1) % bs + 1) * n + index) * 2)
                 first_cycle[2 * index] = (first - 1) // bs
             known = computed - 1 if self._async else computed  # async: the first step's token is computed
-            if len(request.block_hashes) > known // bs:
+            if request.num_hashed_blocks > known // bs:
                 first = -known % bs or bs  # the step whose token completes a block (becomes known)
                 if first <= num_steps:
                     progressions.append((((first - 1) % bs + 1) * n + index) * 2 + 1)

@@ -82,18 +82,35 @@ class KVManager:
         indexed as usual from then on (one id per request preempted, aborted or moved here)."""
 
     @property
+    def reads_every_hash(self) -> bool:
+        """Whether every hash of a request is read (a listener, the KV tiers, is told of each block cached or
+        evicted): requests must then hold their private tails as values (``Request.expose_hashes``)."""
+        pool = self.pool
+        return pool.on_cache is not None or pool.on_evict is not None
+
+    @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free
 
     def get_computed_blocks(self, request: Request) -> list[int]:
         """Blocks holding the longest cached prefix of the request: whole blocks, capped at tokens − 1
         (the last token is always recomputed so that the step produces its logits)."""
-        if not self.enable_caching or not request.block_hashes:
+        if not self.enable_caching or not request.num_hashed_blocks:
             return []
-        max_blocks = min(len(request.block_hashes), (request.num_tokens - 1) // self.block_size)
+        max_blocks = min(request.num_hashed_blocks, (request.num_tokens - 1) // self.block_size)
         # Hashes and ids as objects (see BlockPool.cache_blocks): compiled, no unboxing and re-boxing.
         cached: dict[Any, Any] = self.pool.cached
         hashes: list[Any] = request.block_hashes
+        if len(hashes) < max_blocks:
+            if self._indexes_own(request):
+                # A life of it may have indexed its own blocks here: look them all up.
+                request.expose_hashes()
+                hashes = request.block_hashes
+            else:
+                # Its private tail is not derived, and no life of it indexes its own blocks here: this cache
+                # cannot hold one of them, so the lookup ends where the values do (at the tail's first
+                # block, a miss, either way).
+                max_blocks = len(hashes)
         hits: list[Any] = []
         for index in range(max_blocks):
             block = cached.get(hashes[index])
@@ -149,6 +166,8 @@ class KVManager:
             return None
         to_pop = num_new
         if not blocks:
+            if self._mark_from(request) >= NOT_PRIVATE:
+                request.expose_hashes()  # every block it fills is indexed: with its hash as a value
             request.mark_from = self._mark_from(request)
             if num_new and not new_computed_blocks:
                 # The request starts holding KV: the pool's new list becomes its table (no copy).
@@ -160,21 +179,24 @@ class KVManager:
             blocks.extend(new_computed_blocks)
         if to_pop:
             blocks.extend(self.pool.get_new_blocks(to_pop))
-        if self.enable_caching and request.block_hashes:
+        if self.enable_caching and request.num_hashed_blocks:
             self._cache_full_blocks(request, blocks, num_new_tokens, len(new_computed_blocks))
         return num_new
 
     def _mark_from(self, request: Request) -> int:
         """The first block of this request to mark private rather than index, as it starts holding KV:
-        ``NOT_PRIVATE`` when it may look its chain up here before it finishes (it ran here before and left
-        unfinished, or it is a prefill worker's request, which always leaves unfinished)."""
-        if (
-            request.private_from >= NOT_PRIVATE
-            or request.max_output_tokens < request.spec.output_tokens
-            or request.request_id in self._exposed
-        ):
+        ``NOT_PRIVATE`` when it may look its chain up here before it finishes (``_indexes_own``)."""
+        if request.private_from >= NOT_PRIVATE or self._indexes_own(request):
             return NOT_PRIVATE
         return request.private_from
+
+    def _indexes_own(self, request: Request) -> bool:
+        """Whether the request's own blocks are indexed here like any other: it ran here before and left
+        unfinished (every later life here looks its chain up), or it is a prefill worker's request, which
+        always leaves unfinished, or a listener reads every hash. True for every life of a request here
+        once true for one, so a life for which it is false cannot find a block of its own here."""
+        return (request.max_output_tokens < request.spec.output_tokens or request.request_id in self._exposed
+                or self.reads_every_hash)
 
     def appends_in_place(self, request: Request) -> bool:
         """Whether ``allocate(request, 1)`` would return [] having changed nothing: the request's next
@@ -189,7 +211,7 @@ class KVManager:
         if request.num_output_placeholders:
             # Async scheduling: ``allocate`` indexes only blocks full of tokens already known.
             known = min(computed + 1, request.num_prompt_tokens + request.num_output_tokens)
-            return min(known // bs, len(request.block_hashes)) <= request.num_indexed_blocks
+            return min(known // bs, request.num_hashed_blocks) <= request.num_indexed_blocks
         return (computed + 1) % bs != 0
 
     def append_decode_token(self, request: Request, position: int, num_tokens: int) -> None:
@@ -203,7 +225,7 @@ class KVManager:
             table.append(self.pool.get_new_blocks(1)[0])
         if self.enable_caching:
             known = position + 1 if position < num_tokens else num_tokens
-            num_full = min(known // bs, len(request.block_hashes))
+            num_full = min(known // bs, request.num_hashed_blocks)
             start = request.num_indexed_blocks
             if num_full > start:
                 self.pool.cache_range(table, request.block_hashes, start, num_full, request.mark_from)
@@ -229,12 +251,12 @@ class KVManager:
         """Async scheduling, as a sampled token is delivered: index the blocks now full of known tokens
         whose KV is computed or being computed (vLLM's ``cache_blocks(request, num_computed_tokens -
         num_output_placeholders)``)."""
-        if self.enable_caching and request.block_hashes:
+        if self.enable_caching and request.num_hashed_blocks:
             num_done = request.num_computed_tokens - request.num_output_placeholders
             self._cache_until(request, request.block_table, num_done)
 
     def _cache_until(self, request: Request, blocks: list[int], num_done: int) -> None:
-        num_full = min(min(num_done, request.num_tokens) // self.block_size, len(request.block_hashes))
+        num_full = min(min(num_done, request.num_tokens) // self.block_size, request.num_hashed_blocks)
         start = request.num_indexed_blocks
         if num_full <= start:
             return
@@ -259,6 +281,7 @@ class KVManager:
                 self.pool.free_marked_table(blocks, mark, indexed)  # finished: its chain is never looked up again
                 return
             # Leaving unfinished, it may come back and look its chain up: index what was only marked.
+            request.expose_hashes()
             self.pool.index_private(blocks, request.block_hashes, mark, indexed)
             self._exposed.add(request.request_id)
         if blocks:

@@ -147,6 +147,8 @@ class KVReceiver:
         scheduler = self.scheduler
         request = Request(spec)
         request.num_output_tokens = 1
+        if scheduler.kv.reads_every_hash:
+            request.expose_hashes()  # as ``Scheduler.add_request``
         if not scheduler.can_serve(request):
             request.status = RequestStatus.REJECTED
             return request
@@ -170,10 +172,10 @@ class KVReceiver:
             request = pending[0]
             hits = kv.get_computed_blocks(request)
             num_sent_tokens = request.num_prompt_tokens - len(hits) * kv.block_size
-            hashes = request.block_hashes
-            request.block_hashes = []  # no block is indexed before its KV has landed (``complete``)
+            num_hashed = request.num_hashed_blocks
+            request.num_hashed_blocks = 0  # no block is indexed before its KV has landed (``complete``)
             allocated = kv.allocate(request, num_sent_tokens, hits, scheduler._reserve_tokens(request))
-            request.block_hashes = hashes
+            request.num_hashed_blocks = num_hashed
             if allocated is None:
                 break
             pending.popleft()

@@ -11,9 +11,8 @@ both run it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from simulator.core.block_pool import NOT_PRIVATE
 
@@ -21,12 +20,66 @@ if TYPE_CHECKING:
     from mypy_extensions import i64  # compiled, a machine integer; plain int in Python
 
 
-@dataclass(slots=True, init=False)
+MASK64: Final = (1 << 64) - 1
+SPLITMIX_GOLDEN: Final = 0x9E3779B97F4A7C15
+SPLITMIX_MUL1: Final = 0xBF58476D1CE4E5B9
+SPLITMIX_MUL2: Final = 0x94D049BB133111EB
+"""splitmix64's finaliser constants: the workload's block keys (numpy, ``workload.block_keys``) and a
+private tail's hashes (``HashTail``, here) are one function, bit for bit."""
+
+
+def splitmix64(z: int) -> int:
+    """splitmix64's finaliser on an unsigned 64-bit value: a bijection that spreads each bit over all."""
+    z = (z + SPLITMIX_GOLDEN) & MASK64
+    z ^= z >> 30
+    z = (z * SPLITMIX_MUL1) & MASK64
+    z ^= z >> 27
+    z = (z * SPLITMIX_MUL2) & MASK64
+    return z ^ (z >> 31)
+
+
+class HashTail:
+    """The hashes of blocks ``start .. stop - 1`` of a private token stream, not yet derived: block j's hash
+    is ``splitmix64(key ^ j)`` (a synthetic stream's key names it and its namespace; ``key`` has j's bits
+    clear). A workload hands these out instead of the values, which most requests never need (see
+    ``RequestSpec``)."""
+
+    __slots__ = ("key", "start", "stop")
+
+    def __init__(self, key: int, start: int, stop: int) -> None:
+        if not 0 <= start <= stop:
+            raise ValueError(f"a hash tail needs 0 <= start <= stop, got {start} and {stop}")
+        self.key = key
+        self.start = start
+        self.stop = stop
+
+    def values(self) -> tuple[int, ...]:
+        key = self.key
+        return tuple([splitmix64(key ^ j) for j in range(self.start, self.stop)])
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, HashTail) and self.key == other.key and self.start == other.start
+                and self.stop == other.stop)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 class RequestSpec:
     """One request as a workload produces it; what the router and the core receive. Read-only by
-    contract: nothing changes a spec once built (``dataclasses.replace`` makes a new one). Not a frozen
-    dataclass because a frozen one's generated ``__init__`` sets each field through ``object.__setattr__``
-    in interpreted Python even in the compiled build: a workload builds one per request."""
+    contract: nothing changes a spec once built (``with_hashes`` makes a new one). A plain class with
+    slots rather than a frozen dataclass: a frozen one's generated ``__init__`` sets each field through
+    ``object.__setattr__`` in interpreted Python even in the compiled build, and a workload builds one per
+    request.
+
+    Private tails. A request's blocks from ``private_from`` on hold hashes no other request carries, and
+    most requests finish without anything reading them: nothing can look them up (``KVManager`` marks
+    those blocks instead of indexing them). A workload may therefore give them as a ``HashTail`` — a rule
+    that derives them — instead of values: ``block_hashes`` derives them on first use (and keeps them),
+    ``known_hashes`` are the values held so far (the tail's, once derived). A spec with a tail equals the
+    same spec with the values."""
+
+    __slots__ = ("_hashes", "_tail", "arrival_s", "output_tokens", "priority", "private_from", "prompt_tokens",
+                 "request_id", "session_id")
 
     request_id: int
     """Unique id within a run; the order of arrival breaks ties."""
@@ -36,15 +89,11 @@ class RequestSpec:
     """Prompt length in tokens (>= 1)."""
     output_tokens: int
     """Exact number of tokens to generate (>= 1); the engine ignores EOS, as vLLM's benchmarks do."""
-    block_hashes: tuple[int, ...] = ()
-    """Chained hash of each full KV block of the token sequence, prompt first. It may cover only the
-    prompt (a trace), or also the outputs when the workload knows them (sessions: turn k+1 extends turn
-    k's prompt and answer). Blocks without a hash are never shared through the prefix cache."""
-    session_id: int | None = None
+    session_id: int | None
     """Conversation the request belongs to, if any (session-affinity routing uses it)."""
-    priority: int = 0
+    priority: int
     """Lower is more urgent, as in vLLM's priority scheduling."""
-    private_from: int | None = None
+    private_from: int | None
     """Index of the first block whose hash no other request carries, from there to the end of its token
     stream (its own prompt past a shared system prompt, and its answer): a promise by the workload, which
     lets the KV manager skip indexing those blocks while nobody can look them up (``KVManager``). None:
@@ -52,15 +101,65 @@ class RequestSpec:
 
     def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
                  block_hashes: tuple[int, ...] = (), session_id: int | None = None, priority: int = 0,
-                 private_from: int | None = None) -> None:
+                 private_from: int | None = None, hash_tail: HashTail | None = None) -> None:
         self.request_id = request_id
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
-        self.block_hashes = block_hashes
+        self._hashes = block_hashes
         self.session_id = session_id
         self.priority = priority
         self.private_from = private_from
+        if hash_tail is not None and (private_from is None or hash_tail.start != len(block_hashes)
+                                      or hash_tail.start < private_from):
+            raise ValueError(f"request {request_id}: a hash tail starts after the hashes given, at or past "
+                             f"private_from")
+        self._tail = hash_tail if hash_tail is not None and hash_tail.stop > hash_tail.start else None
+
+    @property
+    def block_hashes(self) -> tuple[int, ...]:
+        """Chained hash of each full KV block of the token sequence, prompt first. It may cover only the
+        prompt (a trace), or also the outputs when the workload knows them (sessions: turn k+1 extends turn
+        k's prompt and answer). Blocks without a hash are never shared through the prefix cache. A private
+        tail is derived here, once."""
+        tail = self._tail
+        if tail is not None:
+            self._hashes = self._hashes + tail.values()
+            self._tail = None
+        return self._hashes
+
+    @property
+    def known_hashes(self) -> tuple[int, ...]:
+        """The hashes held as values: all of them, or those before a private tail not yet derived (no
+        cache anywhere can hold one of those: nothing has had the value to index)."""
+        return self._hashes
+
+    @property
+    def num_hashed_blocks(self) -> int:
+        """``len(block_hashes)``, deriving nothing."""
+        tail = self._tail
+        return len(self._hashes) if tail is None else tail.stop
+
+    def with_hashes(self, block_hashes: tuple[int, ...]) -> RequestSpec:
+        """This spec with other block hashes (values, no tail)."""
+        return RequestSpec(self.request_id, self.arrival_s, self.prompt_tokens, self.output_tokens, block_hashes,
+                           self.session_id, self.priority, self.private_from)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RequestSpec):
+            return NotImplemented
+        return (self.request_id == other.request_id and self.arrival_s == other.arrival_s
+                and self.prompt_tokens == other.prompt_tokens and self.output_tokens == other.output_tokens
+                and self.session_id == other.session_id and self.priority == other.priority
+                and self.private_from == other.private_from and self.block_hashes == other.block_hashes)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        hashes = f"{len(self._hashes)} hashes" + (f" + tail to {self._tail.stop}" if self._tail is not None else "")
+        return (f"RequestSpec(request_id={self.request_id}, arrival_s={self.arrival_s}, "
+                f"prompt_tokens={self.prompt_tokens}, output_tokens={self.output_tokens}, {hashes}, "
+                f"session_id={self.session_id}, priority={self.priority}, private_from={self.private_from})")
 
 
 class RequestStatus(StrEnum):
@@ -89,6 +188,7 @@ class Request:
         "max_output_tokens",
         "num_cached_tokens",
         "num_computed_tokens",
+        "num_hashed_blocks",
         "num_indexed_blocks",
         "num_output_placeholders",
         "num_output_tokens",
@@ -127,8 +227,12 @@ class Request:
         self.num_preemptions = 0
         self.num_swapped_tokens = 0
         """Tokens of KV held in host memory while SWAPPED."""
-        self.block_hashes: list[int] = list(spec.block_hashes)
-        """Hash of each full block, extended by the engine as outputs are produced if it wants."""
+        self.block_hashes: list[int] = list(spec.known_hashes)
+        """Hash of each full block, as values: all of them, or those before the spec's private tail while
+        nothing needs the tail's (``expose_hashes``); the paths that read a hash past ``private_from``
+        expose them first."""
+        self.num_hashed_blocks: i64 = spec.num_hashed_blocks
+        """Blocks with a hash (``len(block_hashes)`` once exposed)."""
         self.status = RequestStatus.WAITING
         self.block_table: list[int] = []
         """Block ids holding this request's KV, in token order: the KV manager's table for it, which only
@@ -140,6 +244,12 @@ class Request:
         self.mark_from: i64 = NOT_PRIVATE
         """First block the KV manager marks private instead of indexing, while the request holds KV (set
         as it starts holding it; ``NOT_PRIVATE``: none)."""
+
+    def expose_hashes(self) -> None:
+        """Hold every hash as a value (a private tail derived: the request's blocks past ``private_from``
+        are about to be indexed, or looked up where they may have been)."""
+        if len(self.block_hashes) < self.num_hashed_blocks:
+            self.block_hashes = list(self.spec.block_hashes)
 
     @property
     def num_tokens(self) -> int:
@@ -164,19 +274,31 @@ class Request:
 
 def specs_from_columns(first_id: int, arrival_s: list[float], prompt_tokens: list[int], output_tokens: list[int],
                        session_id: list[int], block_hashes: list[tuple[int, ...]],
-                       private_from: list[int] | None = None) -> list[RequestSpec]:
+                       private_from: list[int] | None = None, tail_key: list[int] | None = None,
+                       tail_stop: list[int] | None = None) -> list[RequestSpec]:
     """The specs of consecutive requests ``first_id``, ``first_id + 1``, ... from a workload's columns (a
-    negative session id or ``private_from`` is none; ``private_from`` None: none for all). One compiled
-    loop: a workload builds a spec per request."""
+    negative session id or ``private_from`` is none; ``private_from`` None: none for all). With ``tail_key``
+    and ``tail_stop``, a request's hashes from ``private_from`` (where its ``block_hashes`` end) to
+    ``tail_stop`` are the private tail with that key. One compiled loop: a workload builds a spec per
+    request."""
     n = len(arrival_s)
     if not len(prompt_tokens) == len(output_tokens) == len(session_id) == len(block_hashes) == n:
         raise ValueError("spec columns must have equal lengths")
     if private_from is not None and len(private_from) != n:
         raise ValueError("spec columns must have equal lengths")
+    tails = tail_key is not None and tail_stop is not None and private_from is not None
+    if tails and not (tail_key is not None and len(tail_key) == n and tail_stop is not None and len(tail_stop) == n):
+        raise ValueError("spec columns must have equal lengths")
     specs: list[RequestSpec] = []
     for i in range(n):
         session = session_id[i]
         private = -1 if private_from is None else private_from[i]
+        tail: HashTail | None = None
+        if tails and private >= 0:
+            assert tail_key is not None and tail_stop is not None
+            stop = tail_stop[i]
+            if stop > private:
+                tail = HashTail(tail_key[i], private, stop)
         specs.append(RequestSpec(first_id + i, arrival_s[i], prompt_tokens[i], output_tokens[i], block_hashes[i],
-                                 session if session >= 0 else None, 0, private if private >= 0 else None))
+                                 session if session >= 0 else None, 0, private if private >= 0 else None, tail))
     return specs

@@ -136,6 +136,8 @@ class Scheduler:
         request = Request(spec)
         if self.sender is not None:
             request.max_output_tokens = 1  # a prefill worker's request ends at its first token
+        if self.kv.reads_every_hash:
+            request.expose_hashes()  # the KV tiers look every hash up (a shared store may hold its own)
         if not self.can_serve(request):
             request.status = RequestStatus.REJECTED
             return request
@@ -612,8 +614,8 @@ class Scheduler:
         hits = self.kv.get_computed_blocks(request) if request.num_computed_tokens == 0 else []
         load = None
         num_loaded = 0
-        if self.tiers is not None and request.num_computed_tokens == 0 and request.block_hashes:
-            max_blocks = min(len(request.block_hashes), (request.num_tokens - 1) // self.block_size)
+        if self.tiers is not None and request.num_computed_tokens == 0 and request.num_hashed_blocks:
+            max_blocks = min(request.num_hashed_blocks, (request.num_tokens - 1) // self.block_size)
             load = self.tiers.plan(request.block_hashes, len(hits), request.num_tokens, max_blocks)
             num_loaded = 0 if load is None else load.num_load_blocks
         num_new = self._admission_tokens(request, len(hits) + num_loaded, budget, whole_prompts=whole_prompts,
@@ -670,7 +672,7 @@ class Scheduler:
         request = self.waiting.peek()
         max_hits = 0
         if self.kv.enable_caching and request.num_computed_tokens == 0:
-            max_hits = min(len(request.block_hashes), (request.num_tokens - 1) // self.block_size)
+            max_hits = min(request.num_hashed_blocks, (request.num_tokens - 1) // self.block_size)
         # A KV need that falls as hits grow: min(new tokens, budget) tokens beyond the hit blocks.
         num_new = self._admission_tokens(request, max_hits, budget, whole_prompts=not cfg.enable_chunked_prefill,
                                          step_has_requests=True)

@@ -355,12 +355,14 @@ class PrefixAwareRouter:
 
     def scores(self, spec: RequestSpec, views: Sequence[ReplicaView]) -> list[float]:
         """Score of each replica for this request (exposed for tests and decision traces)."""
-        num_blocks = len(spec.block_hashes)
+        num_blocks = spec.num_hashed_blocks
+        # The hashes held as values: no cache holds a private tail's not yet derived (see RequestSpec).
+        hashes = spec.known_hashes
         loads = [load_of(v) for v in views]
         max_load = max(loads)
         result = []
         for view, load in zip(views, loads, strict=True):
-            hit = view.prefix_match_blocks(spec.block_hashes) / num_blocks if num_blocks else 0.0
+            hit = view.prefix_match_blocks(hashes) / num_blocks if num_blocks else 0.0
             norm_load = load / max_load if max_load > 0 else 0.0
             result.append(self._prefix_weight * hit - self._load_weight * norm_load)
         return result

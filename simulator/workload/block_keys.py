@@ -5,20 +5,18 @@ everything before it (its stream, whose system prompt is fixed, and its position
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import Literal, Protocol
 
 import numpy as np
 
+from simulator.core.request import SPLITMIX_GOLDEN, SPLITMIX_MUL1, SPLITMIX_MUL2
 from simulator.workload.traces import MOONCAKE_BLOCK_TOKENS
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-
-
-_MIX2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(SPLITMIX_GOLDEN)
+_MIX1 = np.uint64(SPLITMIX_MUL1)
+_MIX2 = np.uint64(SPLITMIX_MUL2)
 
 
 _ROOT = np.uint64(0x243F6A8885A308D3)
@@ -92,6 +90,23 @@ def block_positions(num_blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     return offsets, row, position
 
 
+@dataclass(frozen=True)
+class SplitHashes:
+    """Requests' block hashes as values up to each one's private tail, and the tails as rules
+    (``core.request.HashTail``: block j's hash is ``splitmix64(key ^ j)``), not derived."""
+
+    values: np.ndarray
+    """The hashes held as values, every request's back to back (uint64)."""
+    offsets: np.ndarray
+    """Request i's values are ``values[offsets[i]:offsets[i + 1]]``."""
+    private_from: np.ndarray
+    """Each request's ``private_from`` (-1: none); where it has a tail, its values end there."""
+    tail_key: np.ndarray
+    """Each request's tail key (uint64; 0 without a tail)."""
+    tail_stop: np.ndarray
+    """Each request's blocks with a hash: where its tail ends (-1 without a tail)."""
+
+
 class BlockKeys(Protocol):
     """Content keys of each full block of requests [start, stop), and the block hashes they make."""
 
@@ -106,6 +121,11 @@ class BlockKeys(Protocol):
     def private_from(self, start: int, stop: int) -> np.ndarray | None:
         """Index of each request's first block no other request's keys can equal (``RequestSpec.private_from``),
         or None when any block may be shared."""
+        ...
+
+    def split_hashes(self, start: int, stop: int) -> SplitHashes | None:
+        """The hashes up to each request's private blocks, and those blocks' as tails; None when the keys
+        cannot say (every hash is then a value: ``hashes``)."""
         ...
 
 
@@ -147,7 +167,11 @@ class SyntheticBlockKeys:
         given by the generator, which knows which turn is a session's last."""
 
     def keys(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        offsets, row, position = block_positions(self._hashed_tokens[start:stop] // self._block_size)
+        return self._keys(start, stop, self._hashed_tokens[start:stop] // self._block_size)
+
+    def _keys(self, start: int, stop: int, num_blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The keys of the first ``num_blocks`` blocks of each request."""
+        offsets, row, position = block_positions(num_blocks)
         owner = self._stream_id[start:stop][row]
         tag = np.full(len(row), self._stream_tag, dtype=np.uint64)
         if self._prefix_id is not None:
@@ -169,6 +193,28 @@ class SyntheticBlockKeys:
         """A request's own stream is private past its system prompt's blocks. A session's stream is walked
         again by its next turn: only its last turn's new blocks are private (as the generator says)."""
         return None if self._private_from is None else self._private_from[start:stop]
+
+    def split_hashes(self, start: int, stop: int) -> SplitHashes | None:
+        """A private block's key names its own stream and position (never the system prompt's, which ends
+        before ``private_from``): its hash is ``splitmix64(((stream << 32) | j) ^ tag)``, a tail's rule with
+        key ``(stream << 32) ^ tag``. Only the blocks before ``private_from`` are derived here."""
+        private = self.private_from(start, stop)
+        if private is None:
+            return None
+        num_blocks = self._hashed_tokens[start:stop] // self._block_size
+        floor = np.zeros(len(private), dtype=np.int64)
+        if self._prefix_id is not None:
+            floor = np.where(self._prefix_id[start:stop] >= 0, self._prefix_blocks, 0)
+        tailed = (private >= floor) & (private < num_blocks)
+        values, offsets = self._keys(start, stop, np.where(tailed, private, num_blocks))
+        stream = self._stream_id[start:stop].astype(np.uint64) << np.uint64(32)
+        return SplitHashes(
+            values=values,
+            offsets=offsets,
+            private_from=private,
+            tail_key=np.where(tailed, stream ^ self._stream_tag, np.uint64(0)),
+            tail_stop=np.where(tailed, num_blocks, -1),
+        )
 
 
 class MooncakeBlockKeys:
@@ -192,6 +238,10 @@ class MooncakeBlockKeys:
 
     def private_from(self, start: int, stop: int) -> np.ndarray | None:
         """None: any two requests may carry the same ids."""
+        return None
+
+    def split_hashes(self, start: int, stop: int) -> SplitHashes | None:
+        """None: no block is private."""
         return None
 
     def hashes(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:

@@ -79,7 +79,8 @@ class Workload:
 
     def _chunk_bounds(self, block_hashes: bool) -> Iterator[int]:
         """First request of each chunk, then the end: at most ``_ITER_CHUNK`` requests, and about
-        ``_CHUNK_BLOCKS`` blocks (at least one request) when hashes are built."""
+        ``_CHUNK_BLOCKS`` blocks whose hashes are derived as values (at least one request) when hashes are
+        built."""
         size = len(self)
         yield 0
         if not block_hashes or self._block_keys is None:
@@ -87,7 +88,11 @@ class Workload:
             if size:
                 yield size
             return
-        blocks = np.cumsum((self.prompt_tokens + self.output_tokens) // self.block_size)
+        per_request = (self.prompt_tokens + self.output_tokens) // self.block_size
+        private = self._block_keys.private_from(0, size)
+        if private is not None:  # blocks past private_from are tails: derived later, if ever (RequestSpec)
+            per_request = np.where(private >= 0, np.minimum(private, per_request), per_request)
+        blocks = np.cumsum(per_request)
         start = 0
         while start < size:
             reached = int(blocks[start - 1]) if start else 0
@@ -130,22 +135,33 @@ class Workload:
     def _hashes(self, start: int, stop: int) -> list[tuple[int, ...]]:
         if self._block_keys is None:
             return [()] * (stop - start)
-        values, offsets = self._block_keys.hashes(start, stop)
-        hashes = values.tolist()  # Python ints, as RequestSpec declares
-        bounds = offsets.tolist()
-        return [tuple(hashes[a:b]) for a, b in itertools.pairwise(bounds)]
+        return _tuples(*self._block_keys.hashes(start, stop))
 
     def _chunk(self, start: int, stop: int, *, block_hashes: bool = True) -> list[RequestSpec]:
-        private = self._block_keys.private_from(start, stop) if block_hashes and self._block_keys else None
-        return specs_from_columns(
+        columns = (
             start,
             self.arrival_s[start:stop].tolist(),
             self.prompt_tokens[start:stop].tolist(),
             self.output_tokens[start:stop].tolist(),
             self.session_id[start:stop].tolist(),
-            self._hashes(start, stop) if block_hashes else [()] * (stop - start),
-            None if private is None else private.tolist(),
         )
+        keys = self._block_keys if block_hashes else None
+        if keys is None:
+            return specs_from_columns(*columns, [()] * (stop - start))
+        split = keys.split_hashes(start, stop)
+        if split is None:
+            private = keys.private_from(start, stop)
+            return specs_from_columns(*columns, self._hashes(start, stop),
+                                      None if private is None else private.tolist())
+        # Private blocks as tails (derived only if something reads them: most requests finish first).
+        return specs_from_columns(*columns, _tuples(split.values, split.offsets), split.private_from.tolist(),
+                                  split.tail_key.tolist(), split.tail_stop.tolist())
+
+
+def _tuples(values: np.ndarray, offsets: np.ndarray) -> list[tuple[int, ...]]:
+    """Each request's hashes as a tuple of Python ints (as RequestSpec declares), from values back to back."""
+    hashes = values.tolist()
+    return [tuple(hashes[a:b]) for a, b in itertools.pairwise(offsets.tolist())]
 
 
 def _frozen(values: np.ndarray, dtype: type[np.generic]) -> np.ndarray:

@@ -430,9 +430,12 @@ def test_private_blocks_are_carried_by_their_request_only(shape: str) -> None:
 
 def test_specs_built_in_chunks_match_one_by_one() -> None:
     """Iteration builds hashes a few tens of thousands of blocks at a time (chunks of varying request
-    counts): every spec equals the one built for its request alone."""
+    counts; a private tail's blocks do not count, they are not derived): every spec equals the one built
+    for its request alone."""
     workload = generate(config(num_requests=1500, system_prompts={"num_prompts": 2, "tokens": 64},
-                               prompt_tokens={"dist": "lognormal", "median": 3000, "sigma": 1.0, "max": 30000}),
+                               prompt_tokens={"dist": "lognormal", "median": 3000, "sigma": 1.0, "max": 30000},
+                               sessions={"turns": {"dist": "uniform", "low": 1, "high": 6}, "think_time_s": 1,
+                                         "response_time_estimate_s": 1, "max_context_tokens": 60000}),
                         seed=2, block_size=BLOCK)
     bounds = list(workload._chunk_bounds(True))
     assert len(bounds) > 5 and len(set(np.diff(bounds).tolist())) > 1, "one chunk size: nothing tested"

@@ -8,7 +8,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from simulator.core.block_pool import BlockPool
 from simulator.core.kv_manager import KVManager
-from simulator.core.request import Request, RequestSpec
+from simulator.core.request import HashTail, Request, RequestSpec, splitmix64
 
 BS = 4
 SHARED = 2
@@ -17,11 +17,17 @@ SHARED = 2
 
 def _spec(request_id: int, family: int, prompt: int, output: int, *, private: bool) -> RequestSpec:
     """Hashes for prompt and answer, as the synthetic workloads make them: the first ``SHARED`` blocks are
-    the family's, the rest the request's own (a retry of the same request carries the same ones)."""
+    the family's, the rest the request's own (a retry of the same request carries the same ones). The
+    private twin's own hashes are a tail, derived only when something reads them (a retry builds a new
+    spec: its tail is not derived even when an earlier life's was)."""
     num_full = (prompt + output) // BS
-    hashes = tuple(family * 100 + i if i < SHARED else 10_000 + request_id * 100 + i for i in range(num_full))
-    return RequestSpec(request_id, 0.0, prompt, output, block_hashes=hashes,
-                       private_from=SHARED if private else None)
+    key = (request_id + 1) << 32
+    hashes = tuple(family * 100 + i if i < SHARED else splitmix64(key ^ i) for i in range(num_full))
+    if not private:
+        return RequestSpec(request_id, 0.0, prompt, output, block_hashes=hashes)
+    tail = HashTail(key, SHARED, num_full) if num_full > SHARED else None
+    return RequestSpec(request_id, 0.0, prompt, output, block_hashes=hashes[:SHARED] if tail else hashes,
+                       private_from=SHARED, hash_tail=tail)
 
 
 class TwinMachine(RuleBasedStateMachine):
@@ -35,12 +41,15 @@ class TwinMachine(RuleBasedStateMachine):
         self.running: dict[int, tuple[Request, Request]] = {}
         self.waiting: dict[int, tuple[Request, Request]] = {}
         self.next_id = 0
+        self.owner: dict[int, int] = {}
+        """Each request's own hashes -> its id."""
 
     def _make(self, request_id: int, family: int, prompt: int, output: int) -> tuple[Request, Request]:
         if self.prefill_worker:
             output = max(output, 2)  # one token would be the whole request: it finishes on the prefill worker
         pair = (Request(_spec(request_id, family, prompt, output, private=True)),
                 Request(_spec(request_id, family, prompt, output, private=False)))
+        self.owner.update((h, request_id) for h in pair[1].block_hashes[SHARED:])
         if self.prefill_worker:
             for request in pair:
                 request.max_output_tokens = 1
@@ -134,7 +143,7 @@ class TwinMachine(RuleBasedStateMachine):
         tables = {pair[0].request_id: pair[0].block_table for pair in self.running.values()}
         marked = 0
         for block_hash, block in reference.cached.items():
-            owner = block_hash // 100 - 100 if block_hash >= 10_000 else None
+            owner = self.owner.get(block_hash)
             if owner is None or owner in exposed or self.prefill_worker:
                 assert private.cached.get(block_hash) == block
             else:
