@@ -276,14 +276,44 @@ class BlockPool:
             ref.extend([1] * num_fresh)
             self._entries.extend([0] * num_fresh)
             self._hash_of.extend([None] * num_fresh)
-        if not remaining:
-            return out
+        if remaining:
+            self._take_freed(out, remaining)
+        return out
+
+    def append_new_block(self, table: list[int]) -> None:
+        """``table.append(get_new_blocks(1)[0])`` without the one-block list: a decode token starting a
+        block (with the prefix cache: the least recently freed block, its hash evicted)."""
+        if not self.enable_caching:
+            self.append_new_blocks([table])
+            return
+        if self.num_free < 1:
+            raise ValueError("asked for 1 block, 0 free")
+        front = self._front
+        if front:
+            block_id = front.pop()
+            self._ref[block_id] = 1
+            table.append(block_id)
+            return
+        start = self._num_handed
+        if start < self.num_blocks:
+            self._num_handed = start + 1
+            table.append(start)
+            self._ref.append(1)
+            self._entries.append(0)
+            self._hash_of.append(None)
+            return
+        self._take_freed(table, 1)
+
+    def _take_freed(self, out: list[int], remaining: int) -> None:
+        """Append ``remaining`` blocks from the freed queue's head to ``out`` (live entries and runs, in
+        order), evicting their hashes."""
         self._num_freed -= remaining
         # Ids and hashes held as objects (compiled: no unboxing and re-boxing on their way from list to list
         # and into the index); the int indexes the per-block lists.
         freed: list[Any] = self._freed
         given: list[Any] = out
         head: i64 = self._freed_head
+        ref = self._ref
         entries = self._entries
         hash_of: list[Any] = self._hash_of
         cached: dict[Any, Any] = self.cached
@@ -309,6 +339,8 @@ class BlockPool:
                     head += 1
                 if num_taken == 1:
                     given.append(run[offset])  # a decode token starting a block: no slice
+                elif offset == 0 and num_taken == len(run):
+                    given += run  # the whole run: no slice either
                 else:
                     given += run[offset:offset + num_taken]
                 from_runs += num_taken
@@ -338,7 +370,6 @@ class BlockPool:
             del freed[:head]  # the entries read are most of the list: drop them (amortised O(1) each)
             head = 0
         self._freed_head = head
-        return out
 
     def _uncache(self, block_hash: int, block_id: int) -> None:
         """Evict one copy of ``block_hash``: the next oldest copy, if any, answers lookups from now on."""
@@ -444,19 +475,23 @@ class BlockPool:
     def free_marked_table(self, table: list[int], start: int, stop: int) -> None:
         """``free_table`` for a finished request whose blocks ``table[start:stop]`` are marked (``cache_range``):
         they reach the tail of the queue as one run, in the order ``free_blocks`` would have queued them,
-        between the partly filled blocks after them (to the front) and its blocks before them."""
+        between the partly filled blocks after them (to the front) and its blocks before them. The pool takes
+        ``table`` over (the caller must not use the list again): the run is the table itself, cut to it."""
         if stop < len(table):
             tail = table[stop:]
             tail.reverse()
             self.free_blocks(tail)
-        run = table[start:stop]
-        run.reverse()
-        freed: list[Any] = self._freed  # block ids, and runs of them
-        freed.append(run)
-        self._num_freed += stop - start
-        self._num_in_runs += stop - start
+            del table[stop:]
+        head: list[int] | None = None
         if start:
             head = table[:start]
+            del table[:start]
+        table.reverse()
+        freed: list[Any] = self._freed  # block ids, and runs of them
+        freed.append(table)
+        self._num_freed += stop - start
+        self._num_in_runs += stop - start
+        if head is not None:
             head.reverse()
             self.free_blocks(head)
 

@@ -222,7 +222,7 @@ class KVManager:
         table = request.block_table
         bs = self.block_size
         if position >= len(table) * bs:
-            table.append(self.pool.get_new_blocks(1)[0])
+            self.pool.append_new_block(table)
         if self.enable_caching:
             known = position + 1 if position < num_tokens else num_tokens
             num_full = min(known // bs, request.num_hashed_blocks)

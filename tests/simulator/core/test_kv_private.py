@@ -165,7 +165,7 @@ def test_marked_blocks_are_cached_queued_and_evicted_like_indexed_ones() -> None
     blocks = pool.get_new_blocks(4)  # a request's table: a shared block, two of its own, a partial one
     pool.cache_range(blocks, [7, 8, 9], 0, 3, private_from=1)
     assert pool.cached == {7: blocks[0]} and pool.num_cached == 3 and pool.num_marked == 2
-    pool.free_marked_table(blocks, 1, 3)
+    pool.free_marked_table(list(blocks), 1, 3)  # the pool takes the list over: a copy, to read ours after
     # The partial block to the front, then the marked ones as one run, then the shared one: free_blocks's order.
     assert pool.free_queue == [blocks[3], 4, blocks[2], blocks[1], blocks[0]]
     assert pool.num_free == 5 and pool.num_used == 0
@@ -198,7 +198,7 @@ def test_compaction_keeps_runs_whole_and_in_place() -> None:
     pool.free_blocks(shared)
     own = pool.get_new_blocks(2)
     pool.cache_range(own, [2, 3], 0, 2, private_from=0)
-    pool.free_marked_table(own, 0, 2)
+    pool.free_marked_table(list(own), 0, 2)
     order = pool.free_queue
     for _ in range(1500):  # hits on the free shared block leave stale entries until the queue is compacted
         pool.touch(shared)
