@@ -337,12 +337,16 @@ class BlockPool:
                 else:
                     self._run_offset = 0
                     head += 1
-                if num_taken == 1:
-                    given.append(run[offset])  # a decode token starting a block: no slice
-                elif offset == 0 and num_taken == len(run):
-                    given += run  # the whole run: no slice either
+                if offset == 0 and num_taken == len(run):
+                    given += run  # the whole run
                 else:
-                    given += run[offset:offset + num_taken]
+                    # Part of it, one by one: a slice would be a list built, then freed (each id's reference
+                    # count touched twice more, in memory long cold: the run was queued a pool ago).
+                    k: i64 = offset
+                    end: i64 = offset + num_taken
+                    while k < end:
+                        given.append(run[k])
+                        k += 1
                 from_runs += num_taken
                 remaining -= num_taken
                 continue
