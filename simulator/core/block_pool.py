@@ -347,6 +347,8 @@ class BlockPool:
                     while k < end:
                         given.append(run[k])
                         k += 1
+                if not self._run_offset:
+                    run.clear()  # all out: its references dropped now, while its ids are in the CPU's caches
                 from_runs += num_taken
                 remaining -= num_taken
                 continue
