@@ -166,9 +166,9 @@ class KVManager:
             return None
         to_pop = num_new
         if not blocks:
-            if self._mark_from(request) >= NOT_PRIVATE:
+            mark = request.mark_from = self._mark_from(request)
+            if mark >= NOT_PRIVATE:
                 request.expose_hashes()  # every block it fills is indexed: with its hash as a value
-            request.mark_from = self._mark_from(request)
             if num_new and not new_computed_blocks:
                 # The request starts holding KV: the pool's new list becomes its table (no copy).
                 blocks = request.block_table = self.pool.get_new_blocks(num_new)

@@ -147,8 +147,6 @@ class KVReceiver:
         scheduler = self.scheduler
         request = Request(spec)
         request.num_output_tokens = 1
-        if scheduler.kv.reads_every_hash:
-            request.expose_hashes()  # as ``Scheduler.add_request``
         if not scheduler.can_serve(request):
             request.status = RequestStatus.REJECTED
             return request

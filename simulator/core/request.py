@@ -57,12 +57,6 @@ class HashTail:
         key = self.key
         return tuple([splitmix64(key ^ j) for j in range(self.start, self.stop)])
 
-    def __eq__(self, other: object) -> bool:
-        return (isinstance(other, HashTail) and self.key == other.key and self.start == other.start
-                and self.stop == other.stop)
-
-    __hash__ = None  # type: ignore[assignment]
-
 
 class RequestSpec:
     """One request as a workload produces it; what the router and the core receive. Read-only by

@@ -136,8 +136,6 @@ class Scheduler:
         request = Request(spec)
         if self.sender is not None:
             request.max_output_tokens = 1  # a prefill worker's request ends at its first token
-        if self.kv.reads_every_hash:
-            request.expose_hashes()  # the KV tiers look every hash up (a shared store may hold its own)
         if not self.can_serve(request):
             request.status = RequestStatus.REJECTED
             return request
