@@ -4,7 +4,14 @@ Every lookup, table, hand-out order, eviction count and cached-block count must 
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from simulator.core.block_pool import BlockPool
 from simulator.core.kv_manager import KVManager
@@ -43,6 +50,8 @@ class TwinMachine(RuleBasedStateMachine):
         self.next_id = 0
         self.owner: dict[int, int] = {}
         """Each request's own hashes -> its id."""
+        self.runs_seen = [0, 0]
+        """Runs freed, and the most queued at once."""
 
     def _make(self, request_id: int, family: int, prompt: int, output: int) -> tuple[Request, Request]:
         if self.prefill_worker:
@@ -98,24 +107,52 @@ class TwinMachine(RuleBasedStateMachine):
         ref = pair[1]
         if ref.num_computed_tokens < ref.num_tokens:
             n = min(n, ref.num_tokens - ref.num_computed_tokens)
-            if n == 1 and ref.block_table and self.twins[1].pool.num_free:
-                # A decode token as a decode run appends it (a fresh block when it starts one).
-                for kv, request in zip(self.twins, pair, strict=True):
-                    kv.append_decode_token(request, request.num_computed_tokens, request.num_tokens)
-                    request.num_computed_tokens += 1
-                return
-            fresh = [kv.allocate(r, n) for kv, r in zip(self.twins, pair, strict=True)]
-            assert fresh[0] == fresh[1]
-            if fresh[1] is not None:
-                for request in pair:
-                    request.num_computed_tokens += n
+            self._compute(pair, n)
             return
+        self._produce(pair)
+
+    def _compute(self, pair: tuple[Request, Request], n: int) -> bool:
+        ref = pair[1]
+        if n == 1 and ref.block_table and self.twins[1].pool.num_free:
+            # A decode token as a decode run appends it (a fresh block when it starts one).
+            for kv, request in zip(self.twins, pair, strict=True):
+                kv.append_decode_token(request, request.num_computed_tokens, request.num_tokens)
+                request.num_computed_tokens += 1
+            return True
+        fresh = [kv.allocate(r, n) for kv, r in zip(self.twins, pair, strict=True)]
+        assert fresh[0] == fresh[1]
+        if fresh[1] is None:
+            return False
+        for request in pair:
+            request.num_computed_tokens += n
+        return True
+
+    def _produce(self, pair: tuple[Request, Request]) -> None:
+        """One output token of a request with all its tokens computed; the last one finishes it, at once (as a
+        scheduler does: a request with all its outputs is never preempted)."""
+        ref = pair[1]
         for request in pair:
             request.num_output_tokens += 1
         if ref.num_output_tokens == ref.max_output_tokens:
             del self.running[ref.request_id]
+            if ref.num_indexed_blocks > pair[0].mark_from:
+                self.runs_seen[0] += 1
             for kv, request in zip(self.twins, pair, strict=True):
                 kv.free(request)
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        """Run a request to its end, one decode token at a time, while the blocks last (a finished request
+        frees its marked blocks as a run: without this rule requests rarely finish)."""
+        pair = self.running[data.draw(st.sampled_from(sorted(self.running)))]
+        while pair[1].request_id in self.running:
+            ref = pair[1]
+            if ref.num_computed_tokens < ref.num_tokens:
+                if not self._compute(pair, ref.num_tokens - ref.num_computed_tokens):
+                    return
+            else:
+                self._produce(pair)
 
     @precondition(lambda self: self.running)
     @rule(data=st.data())
@@ -129,6 +166,8 @@ class TwinMachine(RuleBasedStateMachine):
     @invariant()
     def the_same_to_every_reader(self) -> None:
         private, reference = (kv.pool for kv in self.twins)
+        queued = sum(1 for entry in private._freed[private._freed_head:] if isinstance(entry, list))
+        self.runs_seen[1] = max(self.runs_seen[1], queued)
         assert private.free_queue == reference.free_queue
         assert private.num_evictions == reference.num_evictions
         assert private.num_cached == reference.num_cached == len(reference.cached)
@@ -155,9 +194,25 @@ class TwinMachine(RuleBasedStateMachine):
         if self.prefill_worker:
             assert private.num_marked == 0, "a prefill worker's requests must not be marked"
 
+    def teardown(self) -> None:
+        _RUNS_SEEN.append((self.runs_seen[0], self.runs_seen[1]))
+
+
+_RUNS_SEEN: list[tuple[int, int]] = []
+"""Over the machines run: runs freed, and the most queued at once (``test_the_twins_free_runs``)."""
 
 TestTwins = TwinMachine.TestCase
 TestTwins.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
+
+
+def test_the_twins_free_runs() -> None:
+    """The state machine reaches what it is for: finished requests freeing marked blocks as runs, several
+    queued at once (derandomized, so that the check is the same every time)."""
+    _RUNS_SEEN.clear()
+    machine = settings(max_examples=100, stateful_step_count=50, deadline=None, database=None, derandomize=True)
+    run_state_machine_as_test(TwinMachine, settings=machine)
+    assert sum(freed for freed, _ in _RUNS_SEEN) > 50
+    assert sum(1 for _, at_once in _RUNS_SEEN if at_once >= 2) > 5
 
 
 def test_marked_blocks_are_cached_queued_and_evicted_like_indexed_ones() -> None:
