@@ -57,6 +57,19 @@ _COMPACT_SLACK: Final = 1024
 """Stale free-queue entries tolerated beyond the live ones before the queue is rebuilt without them."""
 
 NOT_PRIVATE: Final = 1 << 62
+
+_IDS: Final[list[Any]] = []
+"""Block ids 0, 1, 2, ... as int objects shared by every pool in the process: a pool hands these out rather
+than making its own (an id past 256 is an object of its own). A fleet of many replicas then holds one set
+of id objects rather than one per replica (less memory, fewer of them to keep in the CPU's caches)."""
+
+
+def _ids_to(stop: int) -> list[Any]:
+    """The shared id objects, at least ``stop`` of them."""
+    ids = _IDS
+    if len(ids) < stop:
+        ids += range(len(ids), max(stop, 2 * len(ids), 1024))
+    return ids
 """A ``private_from`` past any table: no block is private (``cache_range``, ``Request.private_from``)."""
 
 
@@ -266,13 +279,13 @@ class BlockPool:
         remaining = num_blocks - num_fresh
         if num_fresh == 1:  # the usual case (a decode token starting a block): no temporary lists
             self._num_handed = start + 1
-            out.append(start)
+            out.append(_ids_to(start + 1)[start])
             ref.append(1)
             self._entries.append(0)
             self._hash_of.append(None)
         elif num_fresh:
             self._num_handed = start + num_fresh
-            out += range(start, start + num_fresh)
+            out += _ids_to(start + num_fresh)[start:start + num_fresh]
             ref.extend([1] * num_fresh)
             self._entries.extend([0] * num_fresh)
             self._hash_of.extend([None] * num_fresh)
@@ -297,7 +310,7 @@ class BlockPool:
         start = self._num_handed
         if start < self.num_blocks:
             self._num_handed = start + 1
-            table.append(start)
+            table.append(_ids_to(start + 1)[start])
             self._ref.append(1)
             self._entries.append(0)
             self._hash_of.append(None)
@@ -429,7 +442,7 @@ class BlockPool:
         if remaining:
             start = self._num_handed
             self._num_handed = start + remaining
-            out += range(start, start + remaining)
+            out += _ids_to(start + remaining)[start:start + remaining]
         return out
 
     def append_new_blocks(self, tables: list[list[int]]) -> None:
@@ -456,7 +469,7 @@ class BlockPool:
                 else:
                     self._offset = offset + 1
             else:
-                table.append(self._num_handed)
+                table.append(_ids_to(self._num_handed + 1)[self._num_handed])
                 self._num_handed += 1
 
     def touch(self, blocks: Iterable[int]) -> None:
