@@ -42,10 +42,13 @@ def load_scenario(scenario: ScenarioLike, overrides: Sequence[str] = (), *, seed
     return _load_scenario(scenario, tuple(overrides), seed=seed)
 
 
-def run(scenario: ScenarioLike, overrides: Sequence[str] = (), *, seed: int | None = None) -> RunResult:
+def run(scenario: ScenarioLike, overrides: Sequence[str] = (), *, seed: int | None = None,
+        jobs: int | None = 1) -> RunResult:
     """Simulate every variant; the result's ``summary_df()``, ``requests_df()`` and ``series_df()`` are
-    DataFrames."""
-    return _run(load_scenario(scenario, overrides, seed=seed))
+    DataFrames. ``jobs``: variants at once, each in a worker process (None: one per core when the run is
+    large enough to gain; from a script, call it under ``if __name__ == "__main__":``, as any code starting
+    processes)."""
+    return _run(load_scenario(scenario, overrides, seed=seed), jobs=jobs)
 
 
 def plan(scenario: ScenarioLike, *, slo: Any = None, overrides: Sequence[str] = (), **options: Any) -> PlanResult:

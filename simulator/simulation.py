@@ -7,6 +7,7 @@ the seed, the arrivals and the lengths; only what a variant overrides differs.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -47,6 +48,7 @@ from simulator.scenario import (
     scenario_record,
     tier_groups,
 )
+from simulator.variant_workers import VariantTask, simulate_variants
 from simulator.workload.generate import generate
 from simulator.workload.workload import Workload
 
@@ -54,23 +56,47 @@ __all__ = ["InspectFn", "ProgressFn", "run", "simulate"]
 
 
 def run(loaded: LoadedScenario, *, progress: ProgressFn | None = None, inspect: InspectFn | None = None,
-        prepare: InspectFn | None = None, check: bool = False) -> RunResult:
+        prepare: InspectFn | None = None, check: bool = False, jobs: int | None = 1) -> RunResult:
     """Simulate every variant of a scenario on the same request stream (``inspect`` sees each variant's
     replicas after its clock stopped, ``prepare`` before it starts); ``check``: verify each variant's
-    invariants once it ends (``results.invariants``; also on when $FLEETSIM_CHECK is 1)."""
+    invariants once it ends (``results.invariants``; also on when $FLEETSIM_CHECK is 1). ``jobs`` > 1:
+    up to that many variants at once, each in a worker process (``variant_workers``; the same results),
+    unless ``inspect`` or ``prepare`` must see the replicas in this process; None: ``auto_jobs``."""
+    if jobs is not None and jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
     variants = loaded.variants()
     workloads: dict[tuple[str, int], Workload] = {}
-    results = {}
+    tasks: list[VariantTask] = []
     for name, scenario in variants.items():
         block_size = fleet_block_size(scenario)
         key = (scenario.workload.model_dump_json(), block_size)
         if key not in workloads:  # hashes depend on the block size; arrivals and lengths do not
             workloads[key] = generate(scenario.workload, seed=scenario.seed, block_size=block_size,
                                       base_dir=loaded.base_dir)
-        results[name] = simulate(scenario, workloads[key], name=name, progress=progress, inspect=inspect,
-                                 prepare=prepare, check=check)
+        tasks.append(VariantTask(name, scenario, workloads[key]))
+    if jobs is None:
+        jobs = auto_jobs(tasks)
+    if jobs > 1 and len(tasks) > 1 and inspect is None and prepare is None:
+        results = simulate_variants(simulate, tasks, jobs=jobs, progress=progress, check=check)
+    else:
+        results = {task.name: simulate(task.scenario, task.workload, name=task.name, progress=progress,
+                                       inspect=inspect, prepare=prepare, check=check) for task in tasks}
     record = {name: scenario_record(sc) for name, sc in variants.items()}
     return RunResult(scenario_name=loaded.scenario.name, variants=results, scenario=record)
+
+
+PARALLEL_MIN_REQUESTS = 20_000
+"""Requests a scenario's variants must replay in all before ``auto_jobs`` runs them in worker processes: a
+worker's start-up (a fresh interpreter, the imports, the workload sent over) costs about a second, as
+much as simulating this many requests (compiled)."""
+
+
+def auto_jobs(tasks: Sequence[VariantTask]) -> int:
+    """Worker processes for these variants: one per CPU core, at most one per variant, and none (1: in this
+    process) when they are too small to gain from workers."""
+    if len(tasks) < 2 or sum(len(task.workload) for task in tasks) < PARALLEL_MIN_REQUESTS:
+        return 1
+    return max(1, min(len(tasks), os.cpu_count() or 1))
 
 
 def simulate(scenario: Scenario, workload: Workload, *, name: str = "base",

@@ -38,8 +38,9 @@ def progress_bar(enabled: bool) -> tuple[Callable[[str, int, int], None] | None,
     def update(variant: str, done: int, total: int) -> None:
         bar = bars.get(variant)
         if bar is None:
+            # One line each, in order of first report (variants in worker processes report interleaved).
             bar = bars[variant] = tqdm(total=total, desc=f"{variant:>12}", unit="req", leave=True,
-                                       file=sys.stderr, mininterval=0.5)
+                                       file=sys.stderr, mininterval=0.5, position=len(bars))
         bar.update(done - bar.n)
 
     def close() -> None:

@@ -2,7 +2,8 @@
 
 Bottom to top: ``core`` (the shared serving core) and the foundation modules (``errors``, ``yaml_text``,
 ``native``); then ``cost``, ``workload`` and ``results``, which import only what is below them (never one
-another); then ``fleet``; ``scenario``; ``simulation``; ``planning``; and ``cli`` and ``api`` on top. The
+another); then ``fleet``; ``scenario``; ``variant_workers``; ``simulation``; ``planning``; and ``cli`` and
+``api`` on top. The
 simulator never imports ``calibration`` or ``dashboard``; ``calibration`` never imports ``dashboard``.
 And no two modules import each other, directly or round a longer circle.
 
@@ -32,12 +33,13 @@ LAYERS: dict[str, int] = {
     "simulator.results": 2,
     "simulator.fleet": 3,
     "simulator.scenario": 4,
-    "simulator.simulation": 5,
-    "simulator.planning": 6,
-    "simulator.cli": 7,
-    "simulator.api": 7,
-    "calibration": 8,
-    "dashboard": 9,
+    "simulator.variant_workers": 5,
+    "simulator.simulation": 6,
+    "simulator.planning": 7,
+    "simulator.cli": 8,
+    "simulator.api": 8,
+    "calibration": 9,
+    "dashboard": 10,
 }
 """Each unit (a sub-package or a top-level module) and its layer: a unit imports only units of a lower
 layer, or itself. Units of one layer are peers and do not import each other."""
@@ -186,7 +188,7 @@ def test_the_checks_catch_what_they_look_for() -> None:
     assert upward_arrows(graph) == [
         layer("results.run_result", "results", 2, "simulator.fleet.replica", "simulator.fleet", 3),
         layer("cost.profile", "cost", 2, "simulator.workload.traces", "simulator.workload", 2),
-        layer("scenario", "scenario", 4, "calibration.cli", "calibration", 8),
+        layer("scenario", "scenario", 4, "calibration.cli", "calibration", 9),
     ]
     assert forbidden_arrows(graph) == ["simulator.scenario -> calibration.cli"]
     assert cycles(graph) == [["simulator.results.report", "simulator.results.run_result"]]

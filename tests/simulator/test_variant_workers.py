@@ -1,0 +1,77 @@
+"""Variants in worker processes give what one after another gives: the same per-request rows, series and
+summaries, in the same order, with every variant's progress passed on; ``fleetsim run --jobs`` writes the
+same summary.json byte for byte."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from simulator.cli.main import main
+from simulator.scenario import load_scenario
+from simulator.simulation import PARALLEL_MIN_REQUESTS, auto_jobs, run
+from simulator.variant_workers import VariantTask
+
+ROOT = Path(__file__).resolve().parents[2]
+DAY = ROOT / "scenarios" / "day.yaml"
+SHORT_DAY = ["workload.duration_s=2400", "failures.node_failures=[{at_s: 1200, node: 0}]"]
+"""The first 40 minutes of the day (four variants: static, two autoscalers, the oracle) with its node failure."""
+
+
+def test_workers_give_the_same_results_in_the_same_order() -> None:
+    loaded = load_scenario(DAY, SHORT_DAY)
+    alone = run(loaded)
+    reports: list[tuple[str, int, int]] = []
+    side_by_side = run(loaded, jobs=2, progress=lambda *report: reports.append(report))
+    assert list(side_by_side.variants) == list(alone.variants) == ["static-5", "concurrency", "slo", "oracle"]
+    for name, expected in alone.variants.items():
+        got = side_by_side.variants[name]
+        assert got.summary.to_dict() == pytest.approx(expected.summary.to_dict(), nan_ok=True, rel=0, abs=0)
+        for column, values in expected.requests.columns().items():
+            np.testing.assert_array_equal(got.requests.columns()[column], values, err_msg=f"{name}: {column}")
+        for series, expected_series in zip(got.series, expected.series, strict=True):
+            for column, values in expected_series.columns().items():
+                np.testing.assert_array_equal(series.columns()[column], values, err_msg=f"{name}: {column}")
+        assert got.day is not None and expected.day is not None
+        assert got.day.figures == expected.day.figures
+        last = max(done for variant, done, _ in reports if variant == name)
+        assert last > 0.9 * len(expected.requests), f"{name}: its progress did not come back"
+    assert side_by_side.scenario == alone.scenario
+
+
+def test_cli_jobs_write_the_same_summary_byte_for_byte(tmp_path: Path) -> None:
+    outputs = []
+    for jobs in ("1", "2"):
+        out = tmp_path / f"jobs-{jobs}"
+        args = ["run", str(DAY), "--summary-only", "--quiet", "--out", str(out), "--jobs", jobs]
+        for item in SHORT_DAY:
+            args += ["--set", item]
+        assert main(args) == 0
+        outputs.append((out / "summary.json").read_bytes())
+    assert outputs[0] == outputs[1]
+
+
+def test_auto_jobs_keeps_small_runs_in_process() -> None:
+    loaded = load_scenario(DAY, SHORT_DAY)
+    scenario = next(iter(loaded.variants().values()))
+
+    class Sized:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def __len__(self) -> int:
+            return self.n
+
+    def tasks(n: int, count: int) -> list[VariantTask]:
+        return [VariantTask(f"v{i}", scenario, Sized(n)) for i in range(count)]  # type: ignore[arg-type]
+
+    assert auto_jobs(tasks(PARALLEL_MIN_REQUESTS, 1)) == 1  # one variant: nothing to run side by side
+    assert auto_jobs(tasks(PARALLEL_MIN_REQUESTS // 4 - 1, 4)) == 1  # too few requests for a worker's start
+    assert 1 <= auto_jobs(tasks(PARALLEL_MIN_REQUESTS, 4)) <= 4
+
+
+def test_jobs_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="jobs must be >= 1"):
+        run(load_scenario(DAY, SHORT_DAY), jobs=0)
