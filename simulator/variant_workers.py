@@ -62,8 +62,8 @@ def _simulate(simulate: SimulateFn, task: VariantTask, check: bool) -> VariantRe
 def simulate_variants(simulate: SimulateFn, tasks: Sequence[VariantTask], *, jobs: int,
                       progress: ProgressFn | None = None, check: bool = False) -> dict[str, VariantResult]:
     """``simulate`` each task in up to ``jobs`` worker processes; the results by name, in the tasks' order. A
-    worker's exception (an ``InvariantError``, a scenario the workers cannot run) is raised here, once the
-    running workers are stopped."""
+    worker's exception (an ``InvariantError``, a scenario the workers cannot run) is raised here: tasks not
+    started are cancelled, those running are let finish (their results dropped)."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     context = multiprocessing.get_context("spawn")
