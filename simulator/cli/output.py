@@ -48,3 +48,11 @@ def progress_bar(enabled: bool) -> tuple[Callable[[str, int, int], None] | None,
             bar.close()
 
     return update, close
+
+
+def non_negative(text: str) -> int:
+    """A whole number >= 0 (argparse turns the ValueError into a one-line usage error naming the option)."""
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value

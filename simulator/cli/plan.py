@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from simulator.cli.output import checked_out_dir, fresh_out_dir
+from simulator.cli.output import checked_out_dir, fresh_out_dir, non_negative
 from simulator.errors import ConfigError
 
 
@@ -57,7 +57,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                          **slo.model_dump(exclude_unset=True, exclude_none=True)}}
             loaded = load_mapping(raw, source=loaded.source)
         comparison = compare_policies(loaded, static_replicas=result.replicas,
-                                      log=None if args.quiet else print_log)
+                                      log=None if args.quiet else print_log, jobs=args.workers or None)
         print(comparison.text())
         print(f"autoscalers: {comparison.save(out)}")
     return 0 if result.replicas is not None else 1
@@ -134,7 +134,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--load-factor", type=float, default=1.0, help="plan for this multiple of the scenario's load")
     p.add_argument("--variant", help="plan this variant of the scenario (default: the base)")
     p.add_argument("--no-knee", action="store_true", help="skip the one-replica saturation search")
-    p.add_argument("--workers", type=int, help="processes running seeds in parallel (default: one per seed)")
+    p.add_argument("--workers", type=non_negative,
+                   help="processes running seeds in parallel (default: one per seed); with --autoscalers, also the "
+                        "compared fleets (default: one per CPU core when they replay 20,000 requests or more)")
     p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a scenario field")
     p.add_argument("--layouts", metavar="L1,L2",
                    help="plan the layout instead: aggregated, disaggregated (the xPyD ratio), or both")

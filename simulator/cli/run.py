@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from simulator.cli.output import fresh_out_dir, progress_bar
+from simulator.cli.output import fresh_out_dir, non_negative, progress_bar
 
 if TYPE_CHECKING:
     from simulator.results.kv_tiers import TierFigures
@@ -163,11 +163,3 @@ def _any_speculation(loaded: LoadedScenario) -> bool:
     """Whether a variant runs speculative decoding (which takes synchronous scheduling)."""
     return any(v.engine.speculative is not None and v.engine.speculative.num_speculative_tokens > 0
                for v in loaded.variants().values())
-
-
-def non_negative(text: str) -> int:
-    """A whole number >= 0 (argparse turns the ValueError into a one-line usage error naming the option)."""
-    value = int(text)
-    if value < 0:
-        raise ValueError(text)
-    return value

@@ -69,9 +69,10 @@ def _num(value: float) -> str:
 
 
 def compare_policies(loaded: LoadedScenario, *, static_replicas: int,
-                     log: Callable[[str], None] | None = None) -> PolicyComparison:
+                     log: Callable[[str], None] | None = None, jobs: int | None = 1) -> PolicyComparison:
     """Simulate ``static_replicas`` fixed replicas (the plan's answer; failures and the lifecycle as the
-    scenario has them) and every variant of ``loaded`` with an ``autoscaling`` section."""
+    scenario has them) and every variant of ``loaded`` with an ``autoscaling`` section; ``jobs``: as
+    ``simulation.run`` (variants side by side in worker processes; None: when worth it)."""
     raw = {k: v for k, v in loaded.raw.items() if k != "variants"}
     autoscaled = {name: override for name, override in loaded.scenario.variants.items()
                   if "autoscaling" in override or any(key.startswith("autoscaling.") for key in override)}
@@ -80,7 +81,7 @@ def compare_policies(loaded: LoadedScenario, *, static_replicas: int,
         variants[STATIC]["lifecycle"] = {}  # a dynamic fleet, so the day's figures come with it
     if log is not None:
         log(f"comparing {static_replicas} static replicas with {len(autoscaled)} autoscaled variant(s)")
-    result = run(load_mapping({**raw, "variants": variants}, source=loaded.source))
+    result = run(load_mapping({**raw, "variants": variants}, source=loaded.source), jobs=jobs)
     rows = []
     for name, variant in result.variants.items():
         day = variant.day
