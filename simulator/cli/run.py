@@ -79,6 +79,8 @@ def tiers_line(name: str, tiers: TierFigures) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from concurrent.futures.process import BrokenProcessPool
+
     from simulator.results.run_folder import RunFiles, check_writable, save_run
     from simulator.results.summary import goodput_per_gpu
     from simulator.scenario import load_scenario, pick_profile, vllm_gpu_defaults
@@ -94,6 +96,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = run(loaded, progress=progress, check=args.check, jobs=args.jobs or None)
     except InvariantError as err:  # the simulator is wrong, not the scenario: say so, save nothing misleading
         print(f"fleetsim: error: {err}", file=sys.stderr)
+        return 1
+    except BrokenProcessPool:  # a worker killed (out of memory, a signal): nothing of the run is saved
+        print("fleetsim: error: a worker process running a variant died (out of memory, or killed); nothing was "
+              "saved: rerun with fewer --jobs (--jobs 1 runs the variants one after another in this process)",
+              file=sys.stderr)
         return 1
     finally:
         close()

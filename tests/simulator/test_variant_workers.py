@@ -75,3 +75,20 @@ def test_auto_jobs_keeps_small_runs_in_process() -> None:
 def test_jobs_must_be_positive() -> None:
     with pytest.raises(ValueError, match="jobs must be >= 1"):
         run(load_scenario(DAY, SHORT_DAY), jobs=0)
+
+
+def test_a_dead_worker_is_one_line_and_saves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from concurrent.futures.process import BrokenProcessPool
+
+    import simulator.simulation
+
+    def killed(*args: object, **kwargs: object) -> None:
+        raise BrokenProcessPool("A process in the process pool was terminated abruptly")
+
+    monkeypatch.setattr(simulator.simulation, "run", killed)
+    out = tmp_path / "out"
+    assert main(["run", str(DAY), "--quiet", "--out", str(out), "--jobs", "2"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "worker process" in err and "--jobs 1" in err
+    assert not out.exists() or not any(out.iterdir())
