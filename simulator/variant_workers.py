@@ -6,6 +6,8 @@ cores instead of the sum. Each worker gets its variant's scenario and the worklo
 generated it once) and sends back the ``VariantResult``; the results are the same as one after another, in
 the same order (a test compares them). Progress travels back through a queue the workers share. Workers are
 spawned (never forked: a fork of a process holding threads, a progress bar's or a BLAS pool's, can hang).
+Memory: each worker holds its own copy of the workload and its variant's state while it runs, on top of
+the parent's (which ends holding every variant's results, as one after another would).
 """
 
 from __future__ import annotations
