@@ -12,19 +12,20 @@ the parent's (which ends holding every variant's results, as one after another w
 
 from __future__ import annotations
 
-import multiprocessing
 import queue
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simulator.fleet.fleet import ProgressFn
 from simulator.results.run_result import VariantResult
 from simulator.scenario import Scenario
 from simulator.workload.workload import Workload
 
-__all__ = ["SimulateFn", "VariantTask", "simulate_variants"]
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+__all__ = ["SimulateFn", "VariantTask", "WorkerDied", "simulate_variants"]
 
 SimulateFn = Callable[..., VariantResult]
 """``simulation.simulate``: passed in (workers find it by its module and name), so that this module, below
@@ -32,6 +33,10 @@ SimulateFn = Callable[..., VariantResult]
 
 _POLL_S = 0.2
 """How often the parent passes the workers' progress on while it waits."""
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended without a result (killed: out of memory, a signal); the run has no results."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,30 +70,39 @@ def simulate_variants(simulate: SimulateFn, tasks: Sequence[VariantTask], *, job
                       progress: ProgressFn | None = None, check: bool = False) -> dict[str, VariantResult]:
     """``simulate`` each task in up to ``jobs`` worker processes; the results by name, in the tasks' order. A
     worker's exception (an ``InvariantError``, a scenario the workers cannot run) is raised here: tasks not
-    started are cancelled, those running are let finish (their results dropped)."""
+    started are cancelled, those running are let finish (their results dropped); a worker that dies raises
+    ``WorkerDied``."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
+    # Imported here, not at the top: process pools cost a run that never uses them ~10 ms of start-up.
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+
     context = multiprocessing.get_context("spawn")
     progress_queue = context.Queue() if progress is not None else None
     results: dict[str, VariantResult] = {}
-    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=context, initializer=_init_worker,
-                             initargs=(progress_queue,)) as pool:
-        futures: dict[Future[VariantResult], str] = {pool.submit(_simulate, simulate, task, check): task.name
-                                                     for task in tasks}
-        pending = set(futures)
-        try:
-            while pending:
-                done, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_COMPLETED)
-                _pass_on(progress_queue, progress)
-                for future in done:
-                    future.result()  # a worker's error, raised now
-        except BaseException:
-            for future in pending:
-                future.cancel()
-            raise
-        _pass_on(progress_queue, progress)
-        for future, name in futures.items():
-            results[name] = future.result()
+    try:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=context, initializer=_init_worker,
+                                 initargs=(progress_queue,)) as pool:
+            futures: dict[Future[VariantResult], str] = {pool.submit(_simulate, simulate, task, check): task.name
+                                                         for task in tasks}
+            pending = set(futures)
+            try:
+                while pending:
+                    done, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_COMPLETED)
+                    _pass_on(progress_queue, progress)
+                    for future in done:
+                        future.result()  # a worker's error, raised now
+            except BaseException:
+                for future in pending:
+                    future.cancel()
+                raise
+            _pass_on(progress_queue, progress)
+            for future, name in futures.items():
+                results[name] = future.result()
+    except BrokenProcessPool as err:
+        raise WorkerDied(f"a worker process running a variant died: {err}") from err
     return {task.name: results[task.name] for task in tasks}
 
 

@@ -79,12 +79,11 @@ def tiers_line(name: str, tiers: TierFigures) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from concurrent.futures.process import BrokenProcessPool
-
     from simulator.results.run_folder import RunFiles, check_writable, save_run
     from simulator.results.summary import goodput_per_gpu
     from simulator.scenario import load_scenario, pick_profile, vllm_gpu_defaults
     from simulator.simulation import run
+    from simulator.variant_workers import WorkerDied
 
     loaded = load_scenario(args.scenario, args.set or [], seed=args.seed)
     out = Path(args.out) if args.out else fresh_out_dir(loaded.scenario.name)
@@ -97,7 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except InvariantError as err:  # the simulator is wrong, not the scenario: say so, save nothing misleading
         print(f"fleetsim: error: {err}", file=sys.stderr)
         return 1
-    except BrokenProcessPool:  # a worker killed (out of memory, a signal): nothing of the run is saved
+    except WorkerDied:  # a worker killed (out of memory, a signal): nothing of the run is saved
         print("fleetsim: error: a worker process running a variant died (out of memory, or killed); nothing was "
               "saved: rerun with fewer --jobs (--jobs 1 runs the variants one after another in this process)",
               file=sys.stderr)

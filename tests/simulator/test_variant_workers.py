@@ -4,6 +4,8 @@ same summary.json byte for byte."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,7 @@ import pytest
 from simulator.cli.main import main
 from simulator.scenario import load_scenario
 from simulator.simulation import PARALLEL_MIN_REQUESTS, auto_jobs, run
-from simulator.variant_workers import VariantTask
+from simulator.variant_workers import VariantTask, WorkerDied, simulate_variants
 
 ROOT = Path(__file__).resolve().parents[2]
 DAY = ROOT / "scenarios" / "day.yaml"
@@ -77,14 +79,28 @@ def test_jobs_must_be_positive() -> None:
         run(load_scenario(DAY, SHORT_DAY), jobs=0)
 
 
+def _die(*args: object, **kwargs: object) -> None:
+    """A variant's simulation whose worker is killed (as the kernel's OOM killer would)."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_worker_killed_mid_run_raises_worker_died() -> None:
+    loaded = load_scenario(DAY, SHORT_DAY)
+    scenario = next(iter(loaded.variants().values()))
+    from simulator.workload.generate import generate
+
+    workload = generate(scenario.workload, seed=scenario.seed, block_size=16)
+    tasks = [VariantTask(name, scenario, workload) for name in ("a", "b")]
+    with pytest.raises(WorkerDied, match="died"):
+        simulate_variants(_die, tasks, jobs=2)
+
+
 def test_a_dead_worker_is_one_line_and_saves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    from concurrent.futures.process import BrokenProcessPool
-
     import simulator.simulation
 
     def killed(*args: object, **kwargs: object) -> None:
-        raise BrokenProcessPool("A process in the process pool was terminated abruptly")
+        raise WorkerDied("a worker process running a variant died: terminated abruptly")
 
     monkeypatch.setattr(simulator.simulation, "run", killed)
     out = tmp_path / "out"
