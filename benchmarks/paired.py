@@ -18,6 +18,7 @@ run compiled; otherwise both run pure Python. Needs two cores or more (with one,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -66,20 +67,23 @@ def _build(tree: Path, env: dict[str, str]) -> None:
 
 def _run_pair(command: Sequence[str], sides: Sequence[tuple[Path, dict[str, str]]]) -> list[float]:
     """Start the command in every checkout at once; the CPU seconds of each (user + system)."""
-    children = [subprocess.Popen([sys.executable, *command], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE) for cwd, env in sides]
-    seconds: dict[int, float] = {}
-    failed: list[str] = []
-    for child in children:
-        _, status, usage = os.wait4(child.pid, 0)
-        child.returncode = os.waitstatus_to_exitcode(status)
-        seconds[child.pid] = usage.ru_utime + usage.ru_stime
-        if child.returncode != 0:
-            assert child.stderr is not None
-            failed.append(child.stderr.read().decode(errors="replace").strip()[-300:])
+    # Error output to files, not pipes: a benchmark writing more than a pipe holds would block until read.
+    with contextlib.ExitStack() as stack:
+        logs = [stack.enter_context(tempfile.TemporaryFile()) for _ in sides]
+        children = [subprocess.Popen([sys.executable, *command], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                                     stderr=log) for (cwd, env), log in zip(sides, logs, strict=True)]
+        seconds: list[float] = []
+        failed: list[str] = []
+        for child, log in zip(children, logs, strict=True):
+            _, status, usage = os.wait4(child.pid, 0)
+            child.returncode = os.waitstatus_to_exitcode(status)
+            seconds.append(usage.ru_utime + usage.ru_stime)
+            if child.returncode != 0:
+                log.seek(0)
+                failed.append(log.read().decode(errors="replace").strip()[-300:])
     if failed:
         raise SystemExit(f"paired.py: the benchmark failed: {failed[0]}")
-    return [seconds[child.pid] for child in children]
+    return seconds
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -57,6 +57,7 @@ _COMPACT_SLACK: Final = 1024
 """Stale free-queue entries tolerated beyond the live ones before the queue is rebuilt without them."""
 
 NOT_PRIVATE: Final = 1 << 62
+"""A ``private_from`` past any table: no block is private (``cache_range``, ``Request.private_from``)."""
 
 _IDS: Final[list[Any]] = []
 """Block ids 0, 1, 2, ... as int objects shared by every pool in the process: a pool hands these out rather
@@ -70,7 +71,6 @@ def _ids_to(stop: int) -> list[Any]:
     if len(ids) < stop:
         ids += range(len(ids), max(stop, 2 * len(ids), 1024))
     return ids
-"""A ``private_from`` past any table: no block is private (``cache_range``, ``Request.private_from``)."""
 
 
 class BlockPool:
