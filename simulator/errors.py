@@ -24,6 +24,14 @@ class ConfigError(Exception):
         return one_line(": ".join([*parts, self.message]))
 
 
+def did_you_mean(word: str, choices: list[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` to ``word``, or nothing when none is close."""
+    import difflib  # only bad input pays for it (about a millisecond of start-up otherwise)
+
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 MAX_CHARS = 1500
 """Longest error text: room for a list of every shipped profile, never a whole file."""
 

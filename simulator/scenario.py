@@ -15,7 +15,7 @@ import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -37,11 +37,13 @@ from simulator.errors import ConfigError
 from simulator.fleet.autoscaler import AutoscalingConfig
 from simulator.fleet.disaggregation import DisaggregationConfig
 from simulator.fleet.failures import FailuresConfig
-from simulator.fleet.kv_store import TierGroup, check_groups
 from simulator.fleet.lifecycle import LifecycleConfig
 from simulator.fleet.router import RouterConfig
 from simulator.results.summary import SLO, CostConfig
 from simulator.workload.config import WorkloadConfig
+
+if TYPE_CHECKING:
+    from simulator.fleet.kv_store import TierGroup
 
 SCHEMA_VERSION = 1
 PresetName = Literal["vllm", "tgi", "trtllm", "trtllm-max-util"]
@@ -805,6 +807,8 @@ def tier_groups(scenario: Scenario) -> list[TierGroup]:
     config = scenario.kv_tiers
     if config is None:
         return []
+    from simulator.fleet.kv_store import TierGroup, check_groups  # a plain run does not import the tiers
+
     if scenario.fleet.pools is None:
         setups = [(resolve_replica(scenario), scenario.fleet.replicas, "engine.prefix_caching")]
     else:

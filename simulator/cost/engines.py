@@ -11,7 +11,6 @@ the file and the field.
 
 from __future__ import annotations
 
-import difflib
 import functools
 from enum import StrEnum
 from pathlib import Path
@@ -22,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from simulator import yaml_text
 from simulator.cost.profile import HostCoefficients, config_error_from_validation
-from simulator.errors import ConfigError
+from simulator.errors import ConfigError, did_you_mean
 
 _Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 """Free text that must say something (whitespace alone is empty)."""
@@ -101,7 +100,7 @@ class EngineTable(_Frozen):
         engines = info.data.get("engines")
         if engines is not None and value not in engines:
             known = list(engines)
-            raise ValueError(f"not a preset{_suggest(value, known)}; known: {', '.join(known)}")
+            raise ValueError(f"not a preset{did_you_mean(value, known)}; known: {', '.join(known)}")
         return value
 
 
@@ -144,7 +143,7 @@ def get_engine(name: str | None = None, table: EngineTable | None = None) -> Eng
     if key in table.engines:
         return table.engines[key]
     known = list(table.engines)
-    raise ConfigError(f"unknown engine {key!r}{_suggest(key, known)}; known: {', '.join(known)}", field="engine")
+    raise ConfigError(f"unknown engine {key!r}{did_you_mean(key, known)}; known: {', '.join(known)}", field="engine")
 
 
 def host_coefficients(name: str | None = None, table: EngineTable | None = None) -> tuple[HostCoefficients, bool]:
@@ -154,8 +153,3 @@ def host_coefficients(name: str | None = None, table: EngineTable | None = None)
     key = table.default if name is None else name
     preset = get_engine(key, table)
     return preset.host_coefficients(key), preset.overlap_host
-
-
-def _suggest(word: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(word, choices, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -17,7 +17,6 @@ file and the field.
 
 from __future__ import annotations
 
-import difflib
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from simulator import yaml_text
 from simulator.cost.profile import config_error_from_validation, hardware_path
-from simulator.errors import ConfigError
+from simulator.errors import ConfigError, did_you_mean
 
 
 class _Frozen(BaseModel):
@@ -94,9 +93,7 @@ def get_link(name: str) -> LinkPreset:
     links = load_links()
     if name in links:
         return links[name]
-    close = difflib.get_close_matches(name, list(links), n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ConfigError(f"unknown link {name!r}{hint}; known: {', '.join(links)}")
+    raise ConfigError(f"unknown link {name!r}{did_you_mean(name, list(links))}; known: {', '.join(links)}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,7 +10,6 @@ and the field.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import types
 import typing
@@ -24,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from simulator import yaml_text
 from simulator.cost.curve import PiecewiseLinear
 from simulator.cost.moe import Routing
-from simulator.errors import ConfigError
+from simulator.errors import ConfigError, did_you_mean
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -511,7 +510,7 @@ def get_accelerator(name: str, table: dict[str, Accelerator] | None = None) -> A
         return folded[name.lower()]
     known = list(table)
     raise ConfigError(
-        f"unknown hardware {name!r}{_suggest(name, known)}; known: {', '.join(known)}", field="hardware"
+        f"unknown hardware {name!r}{did_you_mean(name, known)}; known: {', '.join(known)}", field="hardware"
     )
 
 
@@ -544,7 +543,7 @@ def resolve_profile_path(name_or_path: str | Path) -> Path:
     if shipped.is_file():
         return shipped
     known = list_profiles()
-    raise ConfigError(f"unknown profile {text!r}{_suggest(text, known)}; known: {', '.join(known)}")
+    raise ConfigError(f"unknown profile {text!r}{did_you_mean(text, known)}; known: {', '.join(known)}")
 
 
 def load_profile(name_or_path: str | Path) -> Profile:
@@ -593,18 +592,13 @@ def config_error_from_validation(
     if first["type"] == "extra_forbidden":
         allowed = _allowed_keys(model, loc[:-1])
         key = str(loc[-1])
-        return ConfigError(f"unknown key {key!r}{_suggest(key, allowed)}", file=file, field=field)
+        return ConfigError(f"unknown key {key!r}{did_you_mean(key, allowed)}", file=file, field=field)
     message = str(first["msg"]).removeprefix("Value error, ")
     # The value given, where it is one: not a whole section (a check across a section's fields, whose
     # message names them, would print the section).
     if first["type"] not in ("missing",) and "input" in first and not isinstance(first["input"], dict | list):
         message = f"{message} (got {first['input']!r})"
     return ConfigError(message, file=file, field=field)
-
-
-def _suggest(word: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(word, choices, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

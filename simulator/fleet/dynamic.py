@@ -35,6 +35,7 @@ from simulator.fleet.loads import least_loaded_of
 from simulator.fleet.replica import Replica
 from simulator.fleet.router import make_router
 from simulator.results.day import DayLog
+from simulator.results.percentiles import percentile
 from simulator.results.request_log import RequestLog
 from simulator.results.series import ReplicaSeries
 from simulator.workload.workload import Workload
@@ -366,13 +367,13 @@ class DynamicFleet:
             arrived = arrivals[first:last]
             first_token = self.log.first_token_s[first:last]
             waited = np.where(np.isnan(first_token), now - arrived, first_token - arrived)
-            ttft_ms = float(np.percentile(waited, q)) * 1e3
+            ttft_ms = percentile(waited, q) * 1e3
             finish = self.log.finish_s[first:last]
             outputs = workload.output_tokens[first:last]
             done = ~np.isnan(finish) & (outputs > 1) & ~np.isnan(first_token)
             if done.any():
                 tpot = (finish[done] - first_token[done]) / (outputs[done] - 1)
-                tpot_ms = float(np.percentile(tpot, q)) * 1e3
+                tpot_ms = percentile(tpot, q) * 1e3
         alive = [s for s in self.slots if s.state in (SlotState.READY, SlotState.DRAINING)]
         held = sum(self.loads) + len(self.held)
         waiting = sum(s.replica.num_waiting for s in alive) + len(self.held)

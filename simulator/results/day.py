@@ -9,12 +9,12 @@ Written by ``fleet.dynamic`` a few times per decision or failure, never per step
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from simulator.results.percentiles import percentile
 from simulator.results.request_log import RequestLog, latencies_s
 from simulator.results.summary import SLO, round_sig, slo_mask
 
@@ -153,7 +153,7 @@ def day_figures(day: DayLog, log: RequestLog, *, policy: str, gpu_hours: float, 
         requests_retried=int(retried.sum()),
         num_retries=int(day.retries.sum()),
         requests_failed=int(day.failed.sum()),
-        retried_ttft_p50_ms=float(np.percentile(ttft_ms[retried_done], 50)) if retried_done.any() else math.nan,
+        retried_ttft_p50_ms=percentile(ttft_ms[retried_done], 50),
         slo_minutes_lost=lost,
         slo_attainment_by_hour=by_hour,
     )
@@ -165,26 +165,3 @@ class DayResult:
 
     figures: DayFigures
     log: DayLog
-
-
-DAY_TABLES = ("decisions.csv", "lifecycle_events.csv", "replicas.csv")
-"""The run folder's tables of a fleet that changed size (written only for such a run)."""
-
-
-def day_tables(days: Mapping[str, DayResult]) -> dict[str, pd.DataFrame]:
-    """The autoscaler's decisions, the lifecycle and failure events, and the replica counts over time, of
-    every variant (a ``variant`` column first); none when no variant changed size."""
-    if not days:
-        return {}
-    import pandas as pd
-
-    out = {}
-    for table, frame_of in zip(DAY_TABLES, (DayLog.decisions_frame, DayLog.events_frame, DayLog.counts_frame),
-                               strict=True):
-        frames = []
-        for name, day in days.items():
-            frame = frame_of(day.log)
-            frame.insert(0, "variant", name)
-            frames.append(frame)
-        out[table] = pd.concat(frames, ignore_index=True)
-    return out

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from simulator.results.percentiles import percentile
+
 HANDOFF_COLUMNS = ("prefill_replica", "reserved_s", "prefilled_s", "transfer_start_s", "landed_s", "sent_tokens",
                    "hit_tokens", "sent_bytes")
 """Names of the columns of a HandoffLog, in order."""
@@ -113,10 +115,10 @@ def handoff_figures(log: HandoffLog, arrival_s: np.ndarray, prompt_tokens: np.nd
         num_landed=int(landed.sum()),
         num_waited=num_waited,
         reserve_wait_mean_ms=float(waited.mean()) if waited.size else math.nan,
-        reserve_wait_p99_ms=float(np.percentile(waited, 99)) if waited.size else math.nan,
+        reserve_wait_p99_ms=percentile(waited, 99),
         num_waiting_at_end=num_waiting_at_end,
-        transfer_p50_ms=float(np.percentile(transfer_ms, 50)) if transfer_ms.size else math.nan,
-        transfer_p99_ms=float(np.percentile(transfer_ms, 99)) if transfer_ms.size else math.nan,
+        transfer_p50_ms=percentile(transfer_ms, 50),
+        transfer_p99_ms=percentile(transfer_ms, 99),
         sent_gb=float(columns["sent_bytes"][landed].sum()) / 1e9,
         decode_hit_rate=float(columns["hit_tokens"][reserved].sum()) / prompt if prompt else 0.0,
     )

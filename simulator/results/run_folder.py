@@ -16,24 +16,24 @@ What a save promises, whatever happens to the process or the disk:
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import importlib.util
 import os
 import re
 import shutil
 import tempfile
+from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from simulator.errors import ConfigError
-from simulator.results.day import DAY_TABLES, day_tables
 from simulator.results.run_result import RunResult
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from simulator.results.day import DayResult
 
 
 class RunFiles(StrEnum):
@@ -46,6 +46,10 @@ class RunFiles(StrEnum):
     SUMMARY = "summary"
     """summary.json alone."""
 
+
+DAY_TABLES = ("decisions.csv", "lifecycle_events.csv", "replicas.csv")
+"""The tables of a fleet that changed size (written only for such a run): the autoscaler's decisions, the
+lifecycle and failure events, the replica counts over time."""
 
 RUN_FILE_NAMES = frozenset({"requests.parquet", "requests.csv", "series.parquet", "series.csv", "summary.json",
                             "report.html", *DAY_TABLES})
@@ -157,6 +161,26 @@ def _write_files(result: RunResult, folder: Path, files: RunFiles = RunFiles.ALL
     return names
 
 
+def day_tables(days: Mapping[str, DayResult]) -> dict[str, pd.DataFrame]:
+    """``DAY_TABLES`` of every variant (a ``variant`` column first); none when no variant changed size."""
+    if not days:
+        return {}
+    import pandas as pd
+
+    from simulator.results.day import DayLog  # a plain run's save does not import the day's records
+
+    out = {}
+    for table, frame_of in zip(DAY_TABLES, (DayLog.decisions_frame, DayLog.events_frame, DayLog.counts_frame),
+                               strict=True):
+        frames = []
+        for name, day in days.items():
+            frame = frame_of(day.log)
+            frame.insert(0, "variant", name)
+            frames.append(frame)
+        out[table] = pd.concat(frames, ignore_index=True)
+    return out
+
+
 def render_report(result: RunResult) -> str:
     """``report.render_report``, imported on first use: plotly costs a third of a second to import, and
     a run that writes no report never pays it."""
@@ -190,6 +214,8 @@ def _link_or_copy(source: str, target: str) -> None:
 
 def _exchange(a: Path, b: Path) -> None:
     """Swap two folders: atomically where the kernel can, else by two renames (a moment without ``b``)."""
+    import ctypes.util  # only an --overwrite pays for it (ctypes.util imports subprocess: ~5 ms of start-up)
+
     libc_name = ctypes.util.find_library("c")
     renameat2 = getattr(ctypes.CDLL(libc_name, use_errno=True), "renameat2", None) if libc_name else None
     if renameat2 is not None:

@@ -16,15 +16,16 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import BaseModel
 
-from simulator.results.day import DayResult
-from simulator.results.kv_tiers import TierFigures
-from simulator.results.pools import FleetFigures
 from simulator.results.request_log import RequestLog
 from simulator.results.series import SERIES_COLUMNS, ReplicaSeries
 from simulator.results.summary import Summary
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from simulator.results.day import DayResult
+    from simulator.results.kv_tiers import TierFigures
+    from simulator.results.pools import FleetFigures
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

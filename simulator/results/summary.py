@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from simulator.results.percentiles import percentile, percentiles
 from simulator.results.request_log import RequestLog, RequestOutcome, latencies_s
 
 SIGNIFICANT_DIGITS = 6
@@ -178,8 +179,8 @@ _SPECULATIVE = frozenset({"spec_tokens_per_step", "spec_acceptance_rate"})
 """Figures a summary without speculative decoding leaves out (its summary.json stays as it was)."""
 
 
-def _pct(values: np.ndarray, q: float) -> float:
-    return float(np.percentile(values, q)) if values.size else math.nan
+_QUANTILES = (50, 90, 99)
+"""The percentiles a Summary reports of each latency."""
 
 
 def _mean(values: np.ndarray) -> float:
@@ -270,7 +271,8 @@ def _slo_outcome(lat_ms: dict[str, np.ndarray], tpot_ms: np.ndarray, slo: SLO, a
     meets = slo_mask(lat_ms, slo)
     num_met = int(meets.sum())
     attainment = num_met / arrived if arrived else math.nan
-    p99 = {"ttft": _pct(lat_ms["ttft"], 99), "tpot": _pct(tpot_ms, 99), "e2e": _pct(lat_ms["e2e"], 99)}
+    p99 = {"ttft": percentile(lat_ms["ttft"], 99), "tpot": percentile(tpot_ms, 99),
+           "e2e": percentile(lat_ms["e2e"], 99)}
     verdict = arrived > 0 and attainment >= slo.target_attainment
     for name, limit in (("ttft", slo.ttft_p99_ms), ("tpot", slo.tpot_p99_ms), ("e2e", slo.e2e_p99_ms)):
         # A NaN percentile (nothing completed) fails the check: ``nan <= x`` is False.
@@ -298,10 +300,10 @@ def _latency_figures(lat_ms: dict[str, np.ndarray], tpot_ms: np.ndarray, queue_m
     figures: dict[str, float] = {}
     for name, values in (("ttft", lat_ms["ttft"]), ("tpot", tpot_ms), ("e2e", lat_ms["e2e"])):
         figures[f"{name}_mean_ms"] = _mean(values)
-        for q in (50, 90, 99):
-            figures[f"{name}_p{q}_ms"] = _pct(values, q)
-    for q in (50, 90, 99):
-        figures[f"queue_p{q}_ms"] = _pct(queue_ms, q)
+        for q, value in zip(_QUANTILES, percentiles(values, _QUANTILES), strict=True):
+            figures[f"{name}_p{q}_ms"] = value
+    for q, value in zip(_QUANTILES, percentiles(queue_ms, _QUANTILES), strict=True):
+        figures[f"queue_p{q}_ms"] = value
     return figures
 
 
