@@ -12,12 +12,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
 from simulator.errors import ConfigError
 
 EXIT_USAGE = 2
+
+BLAS_THREADS_ENV = "OPENBLAS_NUM_THREADS"
+"""numpy's OpenBLAS starts a thread per core when numpy is imported, and they spin for a while: ~60-110 ms of
+CPU per start on two cores (``benchmarks/startup.py``), for nothing, since the simulator's numpy work is
+element-wise (no matrix products). A command run as its own process sets this to 1 unless the user did."""
 
 PLUGINS: dict[str, str] = {
     "run": "simulator.cli.run",
@@ -90,8 +96,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # the process's own command line (before anything imports numpy)
+        os.environ.setdefault(BLAS_THREADS_ENV, "1")
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    args.own_process = argv is None  # the process's own command line: one command, then exit (collector.start_up)
     try:
         code: int = args.func(args)
         return code

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from simulator.cli.output import fresh_out_dir, non_negative, progress_bar
+from simulator.collector import start_up
 
 if TYPE_CHECKING:
     from simulator.results.kv_tiers import TierFigures
@@ -79,13 +80,14 @@ def tiers_line(name: str, tiers: TierFigures) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from simulator.results.run_folder import RunFiles, check_writable, save_run
-    from simulator.results.summary import goodput_per_gpu
-    from simulator.scenario import load_scenario, pick_profile, vllm_gpu_defaults
-    from simulator.simulation import run
-    from simulator.variant_workers import WorkerDied
+    with start_up(freeze=getattr(args, "own_process", False)):  # long-lived objects, no garbage cycles
+        from simulator.results.run_folder import RunFiles, check_writable, save_run
+        from simulator.results.summary import goodput_per_gpu
+        from simulator.scenario import load_scenario, pick_profile, vllm_gpu_defaults
+        from simulator.simulation import run
+        from simulator.variant_workers import WorkerDied
 
-    loaded = load_scenario(args.scenario, args.set or [], seed=args.seed)
+        loaded = load_scenario(args.scenario, args.set or [], seed=args.seed)
     out = Path(args.out) if args.out else fresh_out_dir(loaded.scenario.name)
     check_writable(out, overwrite=args.overwrite)  # before the run: a read-only disk costs no simulation
     progress, close = progress_bar(not args.quiet)

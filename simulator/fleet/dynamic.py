@@ -24,12 +24,13 @@ from functools import partial
 import numpy as np
 import simpy
 
+from simulator.collector import cycle_collector_paused
 from simulator.core.request import RequestSpec
 from simulator.fleet.arrival_feed import ArrivalFeed
 from simulator.fleet.autoscaler import AutoscalingConfig, Observation, Scaler, ScalingContext
 from simulator.fleet.clock import run_until
 from simulator.fleet.failures import FailuresConfig
-from simulator.fleet.fleet import FleetRun, FleetSetup, InspectFn, ProgressFn, _cycle_collector_paused, _kv_probe
+from simulator.fleet.fleet import FleetRun, FleetSetup, InspectFn, ProgressFn, _kv_probe
 from simulator.fleet.lifecycle import ENDED, STARTING, ColdStart, LifecycleConfig, Slot, SlotState
 from simulator.fleet.loads import least_loaded_of
 from simulator.fleet.replica import Replica
@@ -471,7 +472,7 @@ def run_dynamic_fleet(setup: DynamicSetup, workload: Workload, *, name: str = "b
             progress(name, arrived, num_requests)
 
     specs = workload.iter_specs(block_hashes=setup.base.scheduler.prefix_caching)
-    with _cycle_collector_paused():
+    with cycle_collector_paused():
         feed = ArrivalFeed(env, specs, log, [], dispatch=fleet.dispatch,
                            progress=None if progress is None else report, report_every=max(1, num_requests // 100),
                            log_arrivals=False)

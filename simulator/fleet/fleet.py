@@ -8,13 +8,12 @@ schedulers, the end time). ``simulator.simulation`` turns a scenario into a ``Fl
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import simpy
 
+from simulator.collector import cycle_collector_paused
 from simulator.core.config import SchedulerConfig
 from simulator.cost.cost_model import CostModel
 from simulator.fleet.arrival_feed import ArrivalFeed, DispatchFn, RouteFn
@@ -103,7 +102,7 @@ def replay(env: simpy.Environment, log: RequestLog, replicas: list[Replica], wor
         if progress is not None:
             progress(name, arrived, num_requests)
 
-    with _cycle_collector_paused():
+    with cycle_collector_paused():  # the loop frees what it makes by reference counting
         # The specs are the workload's rows in order: their arrivals are logged in bulk once the clock stops.
         feed = ArrivalFeed(env, specs, log, replicas, route=route, dispatch=dispatch,
                            progress=None if progress is None else report, report_every=max(1, num_requests // 100),
@@ -121,22 +120,6 @@ def replay(env: simpy.Environment, log: RequestLog, replicas: list[Replica], wor
     if inspect is not None:
         inspect(name, replicas)
     return FleetRun(log, replicas, end_s)
-
-
-@contextlib.contextmanager
-def _cycle_collector_paused() -> Iterator[None]:
-    """Python's cycle collector off while the requests are built and the clock runs. The event loop
-    allocates objects without reference cycles (specs, requests, plans, queue entries): reference counting
-    frees every one of them, and the collector's passes, triggered by the allocations alone, were ~3 % of
-    a run's instructions for nothing. Back on afterwards (if it was on), which collects whatever cycles a
-    mixed-in SimPy process may have left."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _kv_probe(replica: Replica) -> Callable[[], tuple[int, int]]:

@@ -1,0 +1,95 @@
+"""Start-up: what a short ``fleetsim run`` costs before and after its few simulated requests.
+
+    python benchmarks/startup.py                      # 20 runs of a 10-request quickstart
+    python benchmarks/startup.py --runs 40 --imports  # and the slowest imports of one run
+    python benchmarks/paired.py HEAD~1 -- benchmarks/startup.py --runs 10   # against a revision
+
+Each run is a fresh process, as a user's (or a sweep worker's) is: ``fleetsim run SCENARIO --summary-only``
+on ``--requests`` requests into a new folder. Prints the minimum and the median wall time and CPU time per
+run, beside the bare interpreter's (``python -c pass``), so the part that is fleetsim's shows. The first run
+of each is left out (it may write bytecode caches). On a shared machine the median moves by 20 % from one
+minute to the next: compare revisions with ``paired.py``, or count instructions under callgrind
+(``valgrind --tool=callgrind python -m ...``), which repeat to within 0.01 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = "import sys; from simulator.cli.main import main; sys.exit(main())"
+
+
+def _timed(command: Sequence[str]) -> tuple[float, float]:
+    """Wall and CPU seconds (user + system) of one run of ``command``, which must succeed."""
+    start = time.perf_counter()
+    child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - start
+    assert child.stderr is not None
+    error = child.stderr.read().decode(errors="replace")
+    child.stderr.close()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"startup.py: the run failed: {error.strip()[-300:]}")
+    return wall, usage.ru_utime + usage.ru_stime
+
+
+def _series(make_command: Callable[[int], list[str]], runs: int) -> tuple[list[float], list[float]]:
+    walls, cpus = [], []
+    for number in range(runs + 1):
+        wall, cpu = _timed(make_command(number))
+        if number:  # the first may compile and cache bytecode
+            walls.append(wall)
+            cpus.append(cpu)
+    return walls, cpus
+
+
+def _slowest_imports(command: Sequence[str], top: int) -> list[tuple[float, str]]:
+    """The ``top`` imports of one run by cumulative time (``-X importtime``), in milliseconds."""
+    done = subprocess.run([command[0], "-X", "importtime", *command[1:]], cwd=ROOT, capture_output=True,
+                          text=True, check=True)
+    found = []
+    for line in done.stderr.splitlines():
+        match = re.match(r"import time:\s+\d+ \|\s+(\d+) \|( *)(\S+)", line)
+        if match and len(match.group(2)) <= 2:  # top-level imports and their direct children
+            found.append((int(match.group(1)) / 1e3, match.group(2) + match.group(3)))
+    return sorted(found, reverse=True)[:top]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", default="scenarios/quickstart.yaml", help="scenario to run (quickstart)")
+    parser.add_argument("--requests", type=int, default=10, help="requests simulated (10)")
+    parser.add_argument("--runs", type=int, default=20, help="timed runs of each (20)")
+    parser.add_argument("--imports", action="store_true", help="also list the slowest imports of one run")
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.requests < 1:
+        raise SystemExit("startup.py: --runs and --requests must be >= 1")
+    with tempfile.TemporaryDirectory(prefix="fleetsim-startup-") as scratch:
+        def fleetsim(number: int) -> list[str]:
+            return [sys.executable, "-c", CLI, "run", args.scenario, "--summary-only", "--quiet",
+                    "--set", f"workload.num_requests={args.requests}", "--out", f"{scratch}/run-{number}"]
+
+        bare_walls, bare_cpus = _series(lambda _: [sys.executable, "-c", "pass"], args.runs)
+        walls, cpus = _series(fleetsim, args.runs)
+        print(f"{args.scenario}, {args.requests} requests, {args.runs} runs (fresh processes):")
+        for label, w, c in (("fleetsim run", walls, cpus), ("python alone", bare_walls, bare_cpus)):
+            print(f"  {label}   wall min {min(w) * 1e3:6.0f} ms  median {statistics.median(w) * 1e3:6.0f} ms"
+                  f"   CPU median {statistics.median(c) * 1e3:6.0f} ms")
+        if args.imports:
+            print("slowest imports of one run (cumulative ms, -X importtime):")
+            for ms, name in _slowest_imports(fleetsim(args.runs + 1), 15):
+                print(f"  {ms:7.1f}  {name}")
+
+
+if __name__ == "__main__":
+    main()
