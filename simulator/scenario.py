@@ -34,10 +34,8 @@ from simulator.cost.profile import Profile, config_error_from_validation, get_ac
 from simulator.cost.reprice import at_dtypes
 from simulator.cost.speculation import SpeculativeConfig
 from simulator.errors import ConfigError
-from simulator.fleet.autoscaler import AutoscalingConfig
-from simulator.fleet.disaggregation import DisaggregationConfig
+from simulator.fleet.config import AutoscalingConfig, DisaggregationConfig, LifecycleConfig
 from simulator.fleet.failures import FailuresConfig
-from simulator.fleet.lifecycle import LifecycleConfig
 from simulator.fleet.router import RouterConfig
 from simulator.results.summary import SLO, CostConfig
 from simulator.workload.config import WorkloadConfig

@@ -333,8 +333,9 @@ def _simulate_dynamic(scenario: Scenario, workload: Workload, *, name: str, prog
                       inspect: InspectFn | None, prepare: InspectFn | None, check: bool) -> VariantResult:
     """A variant whose replicas come and go (``lifecycle``, ``autoscaling``, ``failures``): the fleet of
     ``fleet.dynamic``, its figures of the day beside the summary."""
+    from simulator.fleet.config import LifecycleConfig
     from simulator.fleet.dynamic import DynamicSetup, run_dynamic_fleet
-    from simulator.fleet.lifecycle import LifecycleConfig, cold_start
+    from simulator.fleet.lifecycle import cold_start
     from simulator.results.day import DayResult, day_figures
 
     setup = resolve_replica(scenario)

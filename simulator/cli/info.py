@@ -24,7 +24,7 @@ def cmd_policies(args: argparse.Namespace) -> int:
     from simulator.core.presets import PRESETS
     from simulator.cost.link import load_links
     from simulator.fleet.autoscaler import AUTOSCALERS
-    from simulator.fleet.disaggregation import FirstToken, TransferMode
+    from simulator.fleet.config import FirstToken, TransferMode
     from simulator.fleet.router import ROUTERS
 
     families: dict[str, list[str]] = {

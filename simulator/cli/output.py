@@ -4,6 +4,7 @@ named, refused when it holds files unless they said --overwrite; and the progres
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,17 +29,29 @@ def checked_out_dir(out: Path, overwrite: bool) -> Path:
     return out
 
 
-def progress_bar(enabled: bool) -> tuple[Callable[[str, int, int], None] | None, Callable[[], None]]:
+PROGRESS_AFTER_S = 0.5
+"""A variant's bar appears once its run has lasted this long: a run over sooner shows none, and never imports
+tqdm (with the logging it imports, ~6 ms of a short run's start-up)."""
+
+
+def progress_bar(enabled: bool, *, after_s: float = PROGRESS_AFTER_S) -> tuple[
+        Callable[[str, int, int], None] | None, Callable[[], None]]:
+    """``(update(variant, done, total), close())`` for a run's progress on stderr, one line per variant
+    (none when not ``enabled``)."""
     if not enabled:
         return None, lambda: None
-    from tqdm import tqdm
-
     bars: dict[str, Any] = {}
+    first_report: dict[str, float] = {}
 
     def update(variant: str, done: int, total: int) -> None:
         bar = bars.get(variant)
         if bar is None:
-            # One line each, in order of first report (variants in worker processes report interleaved).
+            now = time.monotonic()
+            if now - first_report.setdefault(variant, now) < after_s:
+                return
+            from tqdm import tqdm
+
+            # One line each, in order of appearance (variants in worker processes report interleaved).
             bar = bars[variant] = tqdm(total=total, desc=f"{variant:>12}", unit="req", leave=True,
                                        file=sys.stderr, mininterval=0.5, position=len(bars))
         bar.update(done - bar.n)

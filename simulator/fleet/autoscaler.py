@@ -21,73 +21,14 @@ This module never touches a replica.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import ClassVar, Literal, Protocol, get_args
+from typing import ClassVar, Protocol, get_args
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-AutoscalerPolicy = Literal["concurrency", "slo", "schedule", "oracle"]
-"""Names of the autoscaling policies; the keys of ``AUTOSCALERS``, in the same order."""
-
-
-class AutoscalingConfig(BaseModel):
-    """The ``autoscaling:`` section of a scenario (``fleet.replicas`` is the count at the start)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    policy: AutoscalerPolicy
-    """Which policy decides: concurrency, slo, schedule or oracle."""
-    min_replicas: int = Field(default=1, ge=1)
-    """Never fewer (one keeps the fleet able to answer; scale-to-zero is not modelled)."""
-    max_replicas: int = Field(default=64, ge=1, le=100_000)
-    """Never more (the quota)."""
-    interval_s: float = Field(default=15.0, gt=0)
-    """Seconds between decisions (the HPA's sync period is 15 s)."""
-    metrics_delay_s: float = Field(default=15.0, ge=0)
-    """Age of the metrics a decision sees (a Prometheus scrape interval): decisions lag the load."""
-    window_s: float = Field(default=60.0, gt=0)
-    """Seconds of history behind an observed rate or latency percentile."""
-    scale_up_cooldown_s: float = Field(default=0.0, ge=0)
-    """Least time between two scale-ups (the HPA scales up at once by default)."""
-    scale_down_window_s: float = Field(default=300.0, ge=0)
-    """Scale down only to the highest count recommended over this window (the HPA's 300 s
-    stabilisation window), so a dip does not stop replicas a cold start away from being needed again."""
-    metric: Literal["concurrency", "queue"] = "concurrency"
-    """concurrency policy: requests held per replica (KServe) or requests waiting per replica (KEDA)."""
-    target: float = Field(default=32.0, gt=0)
-    """concurrency policy: the per-replica value of the metric to hold."""
-    ttft_target_ms: float | None = Field(default=None, gt=0)
-    """slo policy: TTFT the percentile must stay under; None = the scenario's slo.ttft_ms."""
-    tpot_target_ms: float | None = Field(default=None, gt=0)
-    """slo policy: TPOT the percentile must stay under; None = the scenario's slo.tpot_ms."""
-    percentile: float = Field(default=90.0, gt=0, le=100)
-    """slo policy: which percentile of the window is held to the targets."""
-    scale_down_below: float = Field(default=0.5, gt=0, lt=1)
-    """slo policy: remove a replica while every observed percentile is under this share of its target."""
-    schedule: tuple[tuple[float, int], ...] = ()
-    """schedule policy: [t_s, replicas] steps, times increasing from 0; each count holds until the next."""
-    rps_per_replica: float | None = Field(default=None, gt=0)
-    """oracle policy: requests per second one replica serves within the SLO (from ``fleetsim plan``)."""
-    lead_s: float | None = Field(default=None, ge=0)
-    """oracle policy: how far ahead it looks; None = one cold start (a replica asked for now serves then)."""
-
-    @model_validator(mode="after")
-    def _check(self) -> AutoscalingConfig:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError(f"min_replicas ({self.min_replicas}) must be at most max_replicas ({self.max_replicas})")
-        if self.policy == "schedule":
-            times = [t for t, _ in self.schedule]
-            if not self.schedule or times[0] != 0 or any(b <= a for a, b in itertools.pairwise(times)):
-                raise ValueError("schedule policy: give schedule as [t_s, replicas] steps, times increasing from 0")
-            if any(n < 1 for _, n in self.schedule):
-                raise ValueError("schedule policy: replica counts must be >= 1")
-        if self.policy == "oracle" and self.rps_per_replica is None:
-            raise ValueError("oracle policy: give rps_per_replica (the load one replica serves within the SLO)")
-        return self
+from simulator.fleet.config import AutoscalerPolicy, AutoscalingConfig
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -29,76 +29,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from enum import StrEnum
 from functools import partial
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from simulator.core.kv_transfer import Reservation, can_hand_off, needs_decode
 from simulator.core.request import Request, RequestSpec
 from simulator.cost.link import TransferModel
 from simulator.fleet.clock import Clock
+from simulator.fleet.config import DisaggregationConfig, FirstToken, TransferMode
 from simulator.fleet.replica import Replica
-from simulator.fleet.router import RouterConfig, RouterPolicy, RouterState, make_router
+from simulator.fleet.router import RouterConfig, RouterState, make_router
 from simulator.results.handoffs import HandoffLog
 from simulator.results.request_log import RequestLog
-
-
-class TransferMode(StrEnum):
-    AFTER_PREFILL = "after_prefill"
-    """The KV moves once the prefill has produced the first token."""
-    LAYERWISE = "layerwise"
-    """The KV streams layer by layer while the prefill computes it."""
-
-
-class FirstToken(StrEnum):
-    DECODE = "decode"
-    """The client's stream comes from the decode worker: TTFT includes the transfer."""
-    PREFILL = "prefill"
-    """The prefill worker streams the first token as soon as it has it (DistServe's, Splitwise's TTFT)."""
-
-
-class LinkConfig(BaseModel):
-    """The link KV takes from prefill to decode workers: a preset of ``calibration/links.yaml``, or figures."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    preset: str = "nvlink4"
-    """A link of calibration/links.yaml: nvlink4, nvlink3, ib_ndr, ib_hdr, ethernet_100g, ethernet_25g,
-    in_process; NVLink 4 (H100/H200 in one node) by default, the setting of Splitwise's and DistServe's
-    intra-node placements."""
-    bandwidth_gb_s: float | None = None
-    """Bandwidth of one link in one direction, GB/s (decimal); None = the preset's."""
-    latency_us: float | None = Field(default=None, ge=0)
-    """Fixed cost of one transfer, microseconds; None = the preset's."""
-    per_gpu: bool | None = None
-    """Each GPU of a replica has a link of its own (KV shards move in parallel); None = the preset's."""
-
-    @field_validator("bandwidth_gb_s")
-    @classmethod
-    def _positive(cls, value: float | None) -> float | None:
-        if value is not None and not value > 0:
-            raise ValueError(f"a link with {value:g} GB/s never delivers a block: give a bandwidth above 0")
-        return value
-
-
-class DisaggregationConfig(BaseModel):
-    """How a fleet of prefill and decode pools serves a request (the ``disaggregation:`` section)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    link: LinkConfig = LinkConfig()
-    """The link between prefill and decode workers."""
-    transfer: TransferMode = TransferMode.LAYERWISE
-    """layerwise (streamed while the prefill computes, Splitwise's and Mooncake's) or after_prefill (vLLM's
-    NIXL connector); layerwise by default: the engines that disaggregate in production stream."""
-    first_token: FirstToken = FirstToken.DECODE
-    """Where the client gets its first token: decode (after the transfer, as vLLM's and SGLang's routers
-    stream it) or prefill (as DistServe and Splitwise measure TTFT)."""
-    prefill_router: RouterPolicy = "least_requests"
-    """Routing policy over the prefill workers (prefix_aware finds their caches)."""
-    decode_router: RouterPolicy = "least_kv"
-    """Routing policy over the decode workers; least_kv by default: a decode worker is bounded by its KV."""
 
 
 class Disaggregation:

@@ -27,11 +27,12 @@ import simpy
 from simulator.collector import cycle_collector_paused
 from simulator.core.request import RequestSpec
 from simulator.fleet.arrival_feed import ArrivalFeed
-from simulator.fleet.autoscaler import AutoscalingConfig, Observation, Scaler, ScalingContext
+from simulator.fleet.autoscaler import Observation, Scaler, ScalingContext
 from simulator.fleet.clock import run_until
+from simulator.fleet.config import AutoscalingConfig, LifecycleConfig
 from simulator.fleet.failures import FailuresConfig
 from simulator.fleet.fleet import FleetRun, FleetSetup, InspectFn, ProgressFn, _kv_probe
-from simulator.fleet.lifecycle import ENDED, STARTING, ColdStart, LifecycleConfig, Slot, SlotState
+from simulator.fleet.lifecycle import ENDED, STARTING, ColdStart, Slot, SlotState
 from simulator.fleet.loads import least_loaded_of
 from simulator.fleet.replica import Replica
 from simulator.fleet.router import make_router

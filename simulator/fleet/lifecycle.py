@@ -12,30 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from simulator.core.request import RequestSpec
+from simulator.fleet.config import LifecycleConfig
 from simulator.fleet.replica import Replica
-
-
-class LifecycleConfig(BaseModel):
-    """The ``lifecycle:`` section of a scenario: how long a new replica takes to serve."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    provision_s: float = Field(default=60.0, ge=0)
-    """Seconds from the decision to a running container on a GPU (node scheduling, image pull, engine
-    start); 60 s is a warm Kubernetes node with the image cached, a fresh cloud VM takes minutes."""
-    load_bandwidth_gb_s: float = Field(default=2.0, gt=0)
-    """Bandwidth at which each GPU reads its share of the weights, GB/s (local NVMe 3-7, a network
-    volume or object store 0.5-2): the load stage takes the profile's weight bytes per GPU over this."""
-    load_s: float | None = Field(default=None, ge=0)
-    """Seconds to load the weights, overriding weight bytes / bandwidth (None = computed)."""
-    warmup_s: float = Field(default=20.0, ge=0)
-    """Seconds of engine warm-up after the weights are in (CUDA graph capture, memory profiling); vLLM
-    takes 10-60 s."""
-    gpus_per_node: int = Field(default=8, ge=1)
-    """GPUs per node: a node failure takes every replica on it (GPUs per node / tp of them)."""
 
 
 class SlotState(StrEnum):

@@ -16,7 +16,8 @@ import simpy
 from simulator.core.config import Role, SchedulerConfig
 from simulator.cost.cost_model import CostModel
 from simulator.cost.link import TransferModel
-from simulator.fleet.disaggregation import Disaggregation, DisaggregationConfig
+from simulator.fleet.config import DisaggregationConfig
+from simulator.fleet.disaggregation import Disaggregation
 from simulator.fleet.fleet import FleetRun, InspectFn, ProgressFn, replay
 from simulator.fleet.replica import Replica
 from simulator.fleet.router import RouterConfig, RouterState, make_router

@@ -341,3 +341,24 @@ def test_a_command_line_builds_only_its_family_and_the_table_matches_the_familie
         family = {name for name, owner in COMMANDS.items() if owner == module}
         assert _command_names(build_parser([command, "--help"])) == family, command
     assert _command_names(build_parser(["calibrate"])) == everything
+
+
+def test_progress_bars_only_for_runs_that_last(capsys: pytest.CaptureFixture[str]) -> None:
+    """A variant's bar appears once its run has lasted ``after_s``; a short run prints nothing."""
+    from simulator.cli.output import progress_bar
+
+    update, close = progress_bar(True, after_s=3600.0)
+    assert update is not None
+    for done in range(0, 101, 10):
+        update("base", done, 100)
+    close()
+    assert capsys.readouterr().err == ""
+    update, close = progress_bar(True, after_s=0.0)
+    assert update is not None
+    for done in range(0, 101, 10):
+        update("base", done, 100)
+        update("other", done // 2, 100)
+    close()
+    err = capsys.readouterr().err
+    assert "100/100" in err and "50/100" in err  # both variants' bars, to the last report
+    assert progress_bar(False)[0] is None

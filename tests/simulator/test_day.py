@@ -16,14 +16,14 @@ from hypothesis import strategies as st
 from simulator.cli.main import main
 from simulator.errors import ConfigError
 from simulator.fleet.autoscaler import (
-    AutoscalingConfig,
     ConcurrencyAutoscaler,
     Observation,
     OracleAutoscaler,
     Scaler,
     ScalingContext,
 )
-from simulator.fleet.lifecycle import LifecycleConfig, cold_start
+from simulator.fleet.config import AutoscalingConfig, LifecycleConfig
+from simulator.fleet.lifecycle import cold_start
 from simulator.results.request_log import RequestOutcome
 from simulator.results.run_result import VariantResult
 from simulator.scenario import load_mapping
