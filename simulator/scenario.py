@@ -7,15 +7,13 @@ mapping before validation. Nothing mutates a scenario after load; derived values
 the scheduler configuration) come from functions.
 """
 
-from __future__ import annotations
-
 import copy
 import json
 import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -179,7 +177,7 @@ class FleetConfig(_Section):
     ``disaggregation`` section). None = one pool of ``replicas`` as the fields above describe."""
 
     @model_validator(mode="after")
-    def _zipf_needs_zipf(self) -> FleetConfig:
+    def _zipf_needs_zipf(self) -> Self:
         if self.zipf_exponent is not None and self.expert_routing is not Routing.ZIPF:
             raise ValueError("zipf_exponent needs expert_routing zipf")
         return self
@@ -226,7 +224,7 @@ class SimulationConfig(_Section):
     """Multiply every step time by this (1.1 = the cost model underestimates by 10 %); for sensitivity."""
 
     @model_validator(mode="after")
-    def _warmup_inside_the_horizon(self) -> SimulationConfig:
+    def _warmup_inside_the_horizon(self) -> Self:
         if self.horizon_s is not None and self.warmup_s >= self.horizon_s:
             raise ValueError(f"warmup_s ({self.warmup_s:g}) must be shorter than horizon_s ({self.horizon_s:g}): "
                              "nothing would be measured")
@@ -274,7 +272,7 @@ class Scenario(_Section):
         return self.lifecycle is not None or self.autoscaling is not None or self.failures is not None
 
     @model_validator(mode="after")
-    def _dynamic_fleet_is_one_pool(self) -> Scenario:
+    def _dynamic_fleet_is_one_pool(self) -> Self:
         if self.is_dynamic and self.fleet.pools is not None:
             raise ValueError("lifecycle, autoscaling and failures apply to a fleet of one pool (fleet.replicas), "
                              "not to fleet.pools")
@@ -798,7 +796,7 @@ def client_path(scenario: Scenario, profiles: list[Profile]) -> ClientPath:
     return ClientPath(latency_s=values["latency_ms"] / 1000.0, flush_interval_s=values["flush_interval_ms"] / 1000.0)
 
 
-def tier_groups(scenario: Scenario) -> list[TierGroup]:
+def tier_groups(scenario: Scenario) -> "list[TierGroup]":
     """The replicas KV tiers attach to, by model and block size (one group per pool); checks that tiers can
     attach (a prefix cache on every replica, one model and block size where a store is shared); none without
     a ``kv_tiers`` section."""

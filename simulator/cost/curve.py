@@ -10,7 +10,7 @@ the first knot it holds the first value.
 Device-free and stdlib only: the cost model reads it on the hot path.
 """
 
-from __future__ import annotations
+from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -28,7 +28,7 @@ class PiecewiseLinear(BaseModel):
     """Values at the knots, seconds, each >= 0."""
 
     @model_validator(mode="after")
-    def _check_knots(self) -> PiecewiseLinear:
+    def _check_knots(self) -> Self:
         if len(self.x) != len(self.y):
             raise ValueError(f"x and y must have the same length, got {len(self.x)} and {len(self.y)}")
         if any(v < 0 for v in self.x) or any(b <= a for a, b in zip(self.x, self.x[1:], strict=False)):

@@ -9,8 +9,6 @@ Device-free: it never imports torch or ``calibration``. Loading errors become on
 the file and the field.
 """
 
-from __future__ import annotations
-
 import functools
 from enum import StrEnum
 from pathlib import Path

@@ -33,8 +33,6 @@ Plain numbers in, plain numbers out: stdlib and pydantic only. It must never imp
 torch; the caller prices weight and KV bytes by dtype (``simulator.cost.dtypes``).
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field

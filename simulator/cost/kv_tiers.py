@@ -14,9 +14,8 @@ connector and LMCache store them.
 Device-free; every bad value is one ``ConfigError`` naming the field (via the scenario loader).
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
+from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -62,7 +61,7 @@ class TierConfig(_Frozen):
     """What its capacity costs, $ per GiB-hour (0 = not priced); added to the GPUs' cost per output token."""
 
     @model_validator(mode="after")
-    def _priced_capacity(self) -> TierConfig:
+    def _priced_capacity(self) -> Self:
         if self.usd_per_gib_hour > 0 and self.capacity_gib is None:
             raise ValueError("an unbounded tier (no capacity_gib) cannot be priced: give capacity_gib or drop "
                              "usd_per_gib_hour")
@@ -102,7 +101,7 @@ class KVTiersConfig(_Frozen):
         return value
 
     @model_validator(mode="after")
-    def _some_tier(self) -> KVTiersConfig:
+    def _some_tier(self) -> Self:
         if not self.tiers and self.shared_store is None:
             raise ValueError("kv_tiers needs tiers (replica-local) or a shared_store: it names no tier")
         return self

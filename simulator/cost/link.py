@@ -15,12 +15,10 @@ Device-free: it never imports torch or ``calibration``; loading errors are one `
 file and the field.
 """
 
-from __future__ import annotations
-
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Self
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -49,7 +47,7 @@ class LinkPreset(_Frozen):
     """Source of each figure, keyed by field name."""
 
     @model_validator(mode="after")
-    def _every_figure_sourced(self) -> LinkPreset:
+    def _every_figure_sourced(self) -> Self:
         missing = [name for name in ("bandwidth_Bps", "latency_s") if name not in self.sources]
         if missing:
             raise ValueError(f"figures without a source: {', '.join(missing)}")

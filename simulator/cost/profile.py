@@ -8,14 +8,13 @@ It must never import ``calibration`` or torch. Loading errors become one ``Confi
 and the field.
 """
 
-from __future__ import annotations
 
 import functools
 import types
 import typing
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -179,7 +178,7 @@ class MoeCoefficients(_Frozen):
         return value
 
     @model_validator(mode="after")
-    def _check(self) -> MoeCoefficients:
+    def _check(self) -> Self:
         if self.routing is Routing.UNIFORM and self.zipf_exponent != 0.0:
             raise ValueError("zipf_exponent applies to routing zipf only")
         if self.ep > 1 and self.all_to_all_bandwidth_Bps is None:
@@ -342,7 +341,7 @@ class Profile(_Frozen):
     """The client's view of a served endpoint (None: not measured; a scenario gives its own network figures)."""
 
     @model_validator(mode="after")
-    def _check_kind(self) -> Profile:
+    def _check_kind(self) -> Self:
         if self.derived_from is not None and self.kind is not ProfileKind.ANALYTIC:
             raise ValueError("derived_from is only meaningful for an analytic profile")
         if any(b < 1 for b in self.cuda_graph_batch_sizes) or list(self.cuda_graph_batch_sizes) != sorted(
@@ -451,7 +450,7 @@ class Accelerator(_Frozen):
         return self.device_memory_mib << 20
 
     @model_validator(mode="after")
-    def _every_figure_sourced(self) -> Accelerator:
+    def _every_figure_sourced(self) -> Self:
         figures = [n for n in type(self).model_fields if n not in ("full_name", "sources")]
         missing = [n for n in figures if n not in self.sources]
         if missing:

@@ -12,10 +12,9 @@ The scenario's ``engine.speculative`` section (``SpeculativeConfig``) resolves t
 ``Speculation`` here; the scheduler reads k, the replica draws acceptance and prices steps with it.
 """
 
-from __future__ import annotations
-
 from enum import StrEnum
 from pathlib import Path
+from typing import Self
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -61,7 +60,7 @@ class SpeculativeConfig(BaseModel):
     (ngram 0, eagle 1 / the model's layers; draft_model has none: give it)."""
 
     @model_validator(mode="after")
-    def _rates(self) -> SpeculativeConfig:
+    def _rates(self) -> Self:
         given = [self.acceptance_rate, self.acceptance_rates, self.acceptance_table]
         if sum(value is not None for value in given) != 1:
             raise ValueError("give exactly one of acceptance_rate (α), acceptance_rates (per position) and "

@@ -6,11 +6,9 @@ runs them: a run without those sections never loads the autoscaling policies, th
 disaggregated request path (their classes cost start-up time, a millisecond or so each).
 """
 
-from __future__ import annotations
-
 import itertools
 from enum import StrEnum
-from typing import Literal
+from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -83,7 +81,7 @@ class AutoscalingConfig(BaseModel):
     """oracle policy: how far ahead it looks; None = one cold start (a replica asked for now serves then)."""
 
     @model_validator(mode="after")
-    def _check(self) -> AutoscalingConfig:
+    def _check(self) -> Self:
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas ({self.min_replicas}) must be at most max_replicas ({self.max_replicas})")
         if self.policy == "schedule":

@@ -7,8 +7,6 @@ then failed) is the fleet's (``fleet.dynamic``); removing them from the replica 
 own ``Scheduler.abort``. This module never touches a replica.
 """
 
-from __future__ import annotations
-
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 

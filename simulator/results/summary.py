@@ -22,12 +22,10 @@ with the rest of the per-step path: ``request_log.RequestLog`` (per-request colu
 ``series.ReplicaSeries`` (per-replica samples). Never imports simpy or the fleet.
 """
 
-from __future__ import annotations
-
 import math
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -161,7 +159,7 @@ class Summary:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Summary:
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
         """Inverse of ``to_dict`` (None → NaN), e.g. to read a saved summary.json back."""
         kwargs: dict[str, Any] = {}
         for f in fields(cls):

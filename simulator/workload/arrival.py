@@ -2,12 +2,10 @@
 times they produce: Poisson, gamma (bursty), constant, and by thinning a piecewise-linear rate curve and a
 diurnal day with bursts."""
 
-from __future__ import annotations
-
 import itertools
 import math
 from collections.abc import Callable, Iterator
-from typing import Annotated, Literal, Protocol
+from typing import Annotated, Literal, Protocol, Self
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -79,7 +77,7 @@ class CurveArrival(Section):
     """[t_s, rate_rps] pairs, times strictly increasing from >= 0 s, rates >= 0 requests per second."""
 
     @model_validator(mode="after")
-    def _check_points(self) -> CurveArrival:
+    def _check_points(self) -> Self:
         times = [t for t, _ in self.points]
         if times[0] < 0 or any(b <= a for a, b in itertools.pairwise(times)):
             raise ValueError(f"points: times must start at >= 0 and increase strictly, got {times}")
@@ -133,7 +131,7 @@ class DiurnalArrival(Section):
     """Bursts on top of the curve."""
 
     @model_validator(mode="after")
-    def _check_rates(self) -> DiurnalArrival:
+    def _check_rates(self) -> Self:
         if self.trough_rps > self.peak_rps:
             raise ValueError(f"trough_rps ({self.trough_rps:g}) must be at most peak_rps ({self.peak_rps:g})")
         return self

@@ -1,7 +1,7 @@
 """The ``workload:`` section of a scenario: limits, arrivals, lengths, shared system prompts, sessions,
 or a trace replay, with the rules that tie them together checked at load."""
 
-from __future__ import annotations
+from typing import Self
 
 from pydantic import Field, model_validator
 
@@ -70,7 +70,7 @@ class TraceConfig(Section):
     """Truncate longer answers to this; None = keep."""
 
     @model_validator(mode="after")
-    def _check_scaling(self) -> TraceConfig:
+    def _check_scaling(self) -> Self:
         if self.time_scale is not None and self.rate_rps is not None:
             raise ValueError("give time_scale or rate_rps, not both")
         return self
@@ -98,7 +98,7 @@ class WorkloadConfig(Section):
     """Replay a trace instead of drawing synthetic lengths."""
 
     @model_validator(mode="after")
-    def _check_sources(self) -> WorkloadConfig:
+    def _check_sources(self) -> Self:
         if self.trace is None:
             missing = [n for n in ("arrival", "prompt_tokens", "output_tokens") if getattr(self, n) is None]
             if missing:

@@ -1,11 +1,9 @@
 """Length distributions (registered by name for ``dist:``) of prompts, answers and session turns:
 fixed, uniform, log-normal, and empirical (resampled from a trace's column)."""
 
-from __future__ import annotations
-
 import functools
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -36,7 +34,7 @@ class UniformLength(Section):
     """Largest value (tokens or turns), >= low."""
 
     @model_validator(mode="after")
-    def _check_bounds(self) -> UniformLength:
+    def _check_bounds(self) -> Self:
         if self.high < self.low:
             raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
         return self
@@ -59,7 +57,7 @@ class LognormalLength(Section):
     """Largest value; None leaves the tail unbounded (set it to the model's context length)."""
 
     @model_validator(mode="after")
-    def _check_bounds(self) -> LognormalLength:
+    def _check_bounds(self) -> Self:
         if self.max is not None and self.max < self.min:
             raise ValueError(f"max ({self.max}) must be >= min ({self.min})")
         return self
