@@ -52,7 +52,7 @@ def progress_bar(enabled: bool, *, after_s: float = PROGRESS_AFTER_S) -> tuple[
             from tqdm import tqdm
 
             # One line each, in order of appearance (variants in worker processes report interleaved).
-            bar = bars[variant] = tqdm(total=total, desc=f"{variant:>12}", unit="req", leave=True,
+            bar = bars[variant] = tqdm(total=total, initial=done, desc=f"{variant:>12}", unit="req", leave=True,
                                        file=sys.stderr, mininterval=0.5, position=len(bars))
         bar.update(done - bar.n)
 
