@@ -25,7 +25,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path.cwd() if (Path.cwd() / "simulator").is_dir() else Path(__file__).resolve().parents[1]
+"""The checkout whose fleetsim runs: the current folder when it is one (``paired.py`` runs this file from this
+checkout in a revision's worktree), else this file's."""
 CLI = "import sys; from simulator.cli.main import main; sys.exit(main())"
 
 
