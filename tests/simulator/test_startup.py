@@ -1,0 +1,41 @@
+"""Start-up: a plain short run imports only what it uses (each module a run does not need costs its start,
+and every worker of plan and sweep pays it again: ``benchmarks/startup.py``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+NOT_FOR_A_PLAIN_RUN = (
+    # features a plain scenario does not have: imported by the code that runs them
+    "simulator.fleet.dynamic", "simulator.fleet.pooled", "simulator.fleet.kv_store", "simulator.fleet.autoscaler",
+    "simulator.fleet.lifecycle", "simulator.fleet.disaggregation", "simulator.results.day",
+    "simulator.results.pools", "simulator.results.handoffs", "simulator.results.kv_tiers",
+    # what only some saves, errors or runs need
+    "simulator.results.report", "pandas", "pyarrow", "plotly", "tqdm", "numpy.ma", "ctypes.util", "difflib",
+    "multiprocessing", "concurrent.futures",
+)
+
+CHILD = """
+import sys
+from simulator.cli.main import main
+sys.argv = ["fleetsim", "run", "scenarios/quickstart.yaml", "--summary-only", "--out", sys.argv[1],
+            "--set", "workload.num_requests=10"]
+code = main()
+print(__import__("json").dumps([code, sorted(sys.modules)]))
+"""
+
+
+def test_a_short_summary_only_run_imports_only_what_it_uses(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "run")], cwd=ROOT, capture_output=True,
+                          text=True, check=True)
+    code, modules = json.loads(done.stdout.strip().splitlines()[-1])
+    assert code == 0
+    loaded = set(modules)
+    assert "simulator.simulation" in loaded and "numpy" in loaded  # the run did run
+    unexpected = sorted(name for name in NOT_FOR_A_PLAIN_RUN if name in loaded)
+    assert not unexpected, f"a plain 10-request run imported {unexpected}"
