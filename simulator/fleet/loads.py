@@ -27,12 +27,14 @@ def least_loaded_index(loads: list[int]) -> int:
 
 
 def first_min_index(values: list[int]) -> int:
-    """Index of the first smallest of ``values`` (not empty), in one loop over machine integers."""
+    """Index of the first smallest of ``values`` (not empty, none negative: request counts), in one loop over
+    machine integers that stops at the first zero (no load is smaller: in a fleet with idle replicas the
+    scan ends at the first of them)."""
     best: i64 = 0
     lowest: i64 = values[0]
     count: i64 = len(values)
     i: i64 = 1
-    while i < count:
+    while i < count and lowest:
         value: i64 = values[i]
         if value < lowest:
             lowest = value
@@ -43,15 +45,21 @@ def first_min_index(values: list[int]) -> int:
 
 def least_loaded_of(loads: list[int], ids: list[int]) -> int:
     """The id in ``ids`` (not empty) whose load is smallest, the first listed on ties: ``min(ids,
-    key=loads.__getitem__)`` in one native loop (a dynamic fleet's ready replicas, where ``loads`` also
-    holds replicas stopped or still starting)."""
+    key=loads.__getitem__)``, in one native loop compiled (a dynamic fleet's ready replicas, where ``loads``
+    also holds replicas stopped or still starting)."""
     if not _COMPILED:
         return min(ids, key=loads.__getitem__)  # interpreted, the C-level scan beats a Python loop
+    return first_min_of(loads, ids)
+
+
+def first_min_of(loads: list[int], ids: list[int]) -> int:
+    """The first id in ``ids`` (not empty) of smallest load (none negative: request counts), in one loop over
+    machine integers that stops at the first zero (see ``first_min_index``)."""
     best: i64 = ids[0]
     lowest: i64 = loads[best]
     count: i64 = len(ids)
     i: i64 = 1
-    while i < count:
+    while i < count and lowest:
         replica_id: i64 = ids[i]
         value: i64 = loads[replica_id]
         if value < lowest:

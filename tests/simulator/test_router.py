@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from simulator.core.request import RequestSpec
-from simulator.fleet.loads import first_min_index, least_loaded_index
+from simulator.fleet.loads import first_min_index, first_min_of, least_loaded_index, least_loaded_of
 from simulator.fleet.router import (
     ROUTERS,
     HashRing,
@@ -377,6 +377,16 @@ def test_the_load_list_pick_is_the_first_minimum(loads: list[int]) -> None:
     expected = loads.index(min(loads))
     assert first_min_index(loads) == expected  # the native loop, whichever build runs
     assert least_loaded_index(loads) == expected
+
+
+@given(st.lists(st.integers(min_value=0, max_value=3), min_size=1, max_size=70), st.data())
+def test_the_ready_replicas_pick_is_the_first_minimum(loads: list[int], data: st.DataObject) -> None:
+    """A dynamic fleet's pick among its ready replicas (any subset, in any order), zeros frequent: the loop
+    stops at the first zero, which must be the first minimum."""
+    ids = data.draw(st.lists(st.integers(0, len(loads) - 1), min_size=1, max_size=len(loads), unique=True))
+    expected = min(ids, key=loads.__getitem__)
+    assert first_min_of(loads, ids) == expected  # the native loop, whichever build runs
+    assert least_loaded_of(loads, ids) == expected
 
 
 def test_the_load_list_pick_needs_a_replica() -> None:
