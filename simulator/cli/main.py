@@ -22,8 +22,13 @@ EXIT_USAGE = 2
 
 BLAS_THREADS_ENV = "OPENBLAS_NUM_THREADS"
 """numpy's OpenBLAS starts a thread per core when numpy is imported, and they spin for a while: ~60-110 ms of
-CPU per start on two cores (``benchmarks/startup.py``), for nothing, since the simulator's numpy work is
-element-wise (no matrix products). A command run as its own process sets this to 1 unless the user did."""
+CPU per start on two cores (``benchmarks/startup.py``), for nothing, since a simulation's numpy work is
+element-wise (no matrix products). ``SIMULATING`` commands run as their own process set this to 1 unless the
+user did (their ``--jobs`` workers inherit it); the real engine's (``calibrate``, ``validate``) do not: where
+torch's matrix products go through OpenBLAS (ARM wheels), one thread would change what they measure."""
+
+SIMULATING = frozenset({"run", "plan", "sweep"})
+"""The commands whose work is simulation: numpy element-wise, no BLAS."""
 
 PLUGINS: dict[str, str] = {
     "run": "simulator.cli.run",
@@ -96,10 +101,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if argv is None:  # the process's own command line (before anything imports numpy)
-        os.environ.setdefault(BLAS_THREADS_ENV, "1")
-    parser = build_parser(argv)
+    parser = build_parser(argv)  # imports the command's module only: not numpy yet (test_startup checks)
     args = parser.parse_args(argv)
+    if argv is None and args.command in SIMULATING:
+        os.environ.setdefault(BLAS_THREADS_ENV, "1")
     args.own_process = argv is None  # the process's own command line: one command, then exit (collector.start_up)
     try:
         code: int = args.func(args)

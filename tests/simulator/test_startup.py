@@ -4,6 +4,7 @@ and every worker of plan and sweep pays it again: ``benchmarks/startup.py``)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +40,27 @@ def test_a_short_summary_only_run_imports_only_what_it_uses(tmp_path: Path) -> N
     assert "simulator.simulation" in loaded and "numpy" in loaded  # the run did run
     unexpected = sorted(name for name in NOT_FOR_A_PLAIN_RUN if name in loaded)
     assert not unexpected, f"a plain 10-request run imported {unexpected}"
+
+
+PARSERS = """
+import os, sys
+from simulator.cli.main import build_parser, main
+for command in ("run", "plan", "sweep"):
+    build_parser([command, "scenario.yaml"])
+print("numpy" in sys.modules)
+sys.argv = ["fleetsim", "profiles"]
+main()
+print(os.environ.get("OPENBLAS_NUM_THREADS"))
+"""
+
+
+def test_the_blas_setting_comes_before_numpy_and_only_for_simulations() -> None:
+    """``main`` sets numpy's OpenBLAS to one thread after parsing, so parsing a simulating command must not
+    import numpy; a command that is not a simulation (here ``profiles``; ``calibrate`` runs torch) keeps the
+    environment as it was."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    done = subprocess.run([sys.executable, "-c", PARSERS], cwd=ROOT, env=env, capture_output=True, text=True,
+                          check=True)
+    lines = done.stdout.strip().splitlines()
+    assert lines[0] == "False"
+    assert lines[-1] == "None"
