@@ -6,6 +6,8 @@ imports ``numpy.ma`` (about 8 ms, a fortieth of a short run's whole start-up), a
 once per call where a summary wants three percentiles of each column. The arithmetic below is numpy's own
 (``numpy/lib/_function_base_impl.py``: ``_quantile``, ``_get_indexes``, ``_lerp``) on float64, so the
 figures are the same doubles; ``tests/simulator/test_percentiles.py`` compares them with ``np.percentile``.
+Values are taken as float64 (the request log's columns are; integers below 2**53 convert exactly): numpy
+would take a float32 column's neighbour difference in float32, and its last bits could differ from these.
 """
 
 from __future__ import annotations
