@@ -4,9 +4,9 @@ The seam between the scenario (what the user asked for) and the fleet (what runs
 one variant into the fleet's settings, runs the fleet, and summarises what it recorded. Variants share
 the seed, the arrivals and the lengths; only what a variant overrides differs.
 
-What only some variants use (a fleet that changes size, pools, KV tiers) is imported by the
-function that runs it: a plain run does not pay for those modules at start-up (their classes, dataclasses
-above all, cost about a millisecond each to create).
+What only some variants use (a fleet that changes size, pools, KV tiers) is imported by the function that
+runs it: a plain run does not pay for those modules at start-up (their classes, dataclasses above all, cost
+about a millisecond each to create; ``tests/simulator/test_startup.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from simulator.cost.cost_model import CostModel
 from simulator.cost.profile import get_accelerator
 from simulator.cost.speed import relative_speeds
 from simulator.errors import ConfigError
+from simulator.fleet.config import LifecycleConfig
 from simulator.fleet.fleet import FleetRun, FleetSetup, InspectFn, ProgressFn, run_fleet
 from simulator.fleet.replica import Replica
 from simulator.results.invariants import ReplicaEnd, check_requested, check_run
@@ -333,7 +334,6 @@ def _simulate_dynamic(scenario: Scenario, workload: Workload, *, name: str, prog
                       inspect: InspectFn | None, prepare: InspectFn | None, check: bool) -> VariantResult:
     """A variant whose replicas come and go (``lifecycle``, ``autoscaling``, ``failures``): the fleet of
     ``fleet.dynamic``, its figures of the day beside the summary."""
-    from simulator.fleet.config import LifecycleConfig
     from simulator.fleet.dynamic import DynamicSetup, run_dynamic_fleet
     from simulator.fleet.lifecycle import cold_start
     from simulator.results.day import DayResult, day_figures
