@@ -33,15 +33,16 @@ CLI = "import sys; from simulator.cli.main import main; sys.exit(main())"
 
 def _timed(command: Sequence[str]) -> tuple[float, float]:
     """Wall and CPU seconds (user + system) of one run of ``command``, which must succeed."""
-    start = time.perf_counter()
-    child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(child.pid, 0)
-    wall = time.perf_counter() - start
-    assert child.stderr is not None
-    error = child.stderr.read().decode(errors="replace")
-    child.stderr.close()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"startup.py: the run failed: {error.strip()[-300:]}")
+    # Error output to a file, not a pipe: a child writing more than a pipe holds would block until read.
+    with tempfile.TemporaryFile() as log:
+        start = time.perf_counter()
+        child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - start
+        child.returncode = os.waitstatus_to_exitcode(status)
+        if child.returncode != 0:
+            log.seek(0)
+            raise SystemExit(f"startup.py: the run failed: {log.read().decode(errors='replace').strip()[-300:]}")
     return wall, usage.ru_utime + usage.ru_stime
 
 
