@@ -247,7 +247,7 @@ class Scheduler:
             if outputs >= request.max_output_tokens or (any_stopped and request.request_id in stopped_ids):
                 self._finish(request)
                 finished.append(request)
-                plan.finished_ids.append(request.request_id)
+                plan.note_finished(request.request_id)
         if finished:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return finished
@@ -285,7 +285,7 @@ class Scheduler:
             if outputs >= request.max_output_tokens or request.request_id in stopped_ids:
                 self._finish(request)
                 finished.append(request)
-                plan.finished_ids.append(request.request_id)
+                plan.note_finished(request.request_id)
         if finished:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return finished
@@ -325,7 +325,7 @@ class Scheduler:
                     request.status = RequestStatus.FINISHED
                     del self.requests[request.request_id]
                 finished.append(request)
-                plan.finished_ids.append(request.request_id)
+                plan.note_finished(request.request_id)
         if any_running:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return finished
@@ -600,7 +600,7 @@ class Scheduler:
             request.num_computed_tokens += num_hit_tokens + num_load_tokens
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            plan.admitted_ids.append(request.request_id)
+            plan.note_admitted(request.request_id)
             plan.add(request, num_new)
             budget -= num_new
 
@@ -687,7 +687,7 @@ class Scheduler:
         self.swapped.popleft()
         self._release_host(self._cdiv(request.num_swapped_tokens))
         blocks = self.kv.block_ids(request.request_id)[: self._cdiv(request.num_computed_tokens)]
-        plan.swapped_in.append(SwapOp(request.request_id, request.num_swapped_tokens, tuple(blocks)))
+        plan.note_swapped_in(SwapOp(request.request_id, request.num_swapped_tokens, tuple(blocks)))
         request.num_swapped_tokens = 0
         request.status = RequestStatus.RUNNING
         self.running.append(request)
@@ -708,7 +708,7 @@ class Scheduler:
         returned = plan.remove(victim) if victim in plan.requests else 0
         victim.num_preemptions += 1
         self.num_preemptions += 1
-        plan.preempted_ids.append(victim.request_id)
+        plan.note_preempted(victim.request_id)
         host_blocks = self._cdiv(victim.num_computed_tokens)
         if (
             self.config.preemption is Preemption.SWAP
@@ -716,7 +716,7 @@ class Scheduler:
             and self._reserve_host(host_blocks)
         ):
             blocks = self.kv.block_ids(victim.request_id)[:host_blocks]
-            plan.swapped_out.append(SwapOp(victim.request_id, victim.num_computed_tokens, tuple(blocks)))
+            plan.note_swapped_out(SwapOp(victim.request_id, victim.num_computed_tokens, tuple(blocks)))
             self.kv.free(victim)
             victim.num_swapped_tokens = victim.num_computed_tokens
             victim.status = RequestStatus.SWAPPED

@@ -104,7 +104,7 @@ def test_the_engine_runs_the_cores_plans_a_bare_scheduler_makes_the_same_ones() 
         plan = sched.schedule()
         assert [r.request_id for r in plan.requests] == list(record.request_ids)
         assert plan.num_new_tokens == list(record.num_new_tokens)
-        assert plan.preempted_ids == list(record.preempted_ids)
+        assert list(plan.preempted_ids) == list(record.preempted_ids)
         assert sum(by_step[record.step_id]) == stats.num_accepted_tokens
         sched.update(plan, accepted=by_step[record.step_id])
     assert not sched.has_work

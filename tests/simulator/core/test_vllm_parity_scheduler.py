@@ -239,7 +239,7 @@ def test_schedule_concurrent_partial_requests_mirrors_vllm(caching: bool) -> Non
     assert _scheduled(plan) == {0: 400, 1: 400, 2: 1024 - 400 - 400}
     assert sched.update(plan) == []
     plan = sched.schedule()
-    assert len(sched.running) == 3 and plan.admitted_ids == []
+    assert len(sched.running) == 3 and not plan.admitted_ids
     assert _scheduled(plan) == {0: 400, 1: 400, 2: 224}
     sched.update(plan)  # 0 and 1 finish their prompts and sample
     plan = sched.schedule()
@@ -438,7 +438,7 @@ def test_priority_scheduling_no_preemption_when_space_available_mirrors_vllm() -
     sched.update(sched.schedule())
     _add_priority(sched, [0], [3.0], num_tokens=30, first_id=2)
     plan = sched.schedule()
-    assert plan.admitted_ids == [2] and plan.preempted_ids == []
+    assert plan.admitted_ids == [2] and not plan.preempted_ids
     assert (sched.num_running, len(sched.waiting)) == (3, 0)
 
 
@@ -489,7 +489,7 @@ def test_priority_scheduling_preemption_and_resumption_when_out_of_kv_mirrors_vl
     assert plan.admitted_ids == [1] and _scheduled(plan) == {0: 1, 1: 32}
     sched.update(plan)
     plan = sched.schedule()
-    assert plan.admitted_ids == [] and _scheduled(plan) == {1: 1}
+    assert not plan.admitted_ids and _scheduled(plan) == {1: 1}
     assert low.status is RequestStatus.PREEMPTED and (sched.num_running, len(sched.waiting)) == (1, 1)
     sched.update(plan)
     sched.abort(high.request_id)  # vLLM: finish_requests(FINISHED_STOPPED)
