@@ -66,11 +66,13 @@ class CostModel:
         "_p",
         "_q",
         "_s",
+        "_seq_terms",
         "_seq_x",
         "_seq_y",
         "_swap_per_token",
         "_tok_x",
         "_tok_y",
+        "_token_terms",
         "_w_pow",
         "profile",
     )
@@ -110,6 +112,10 @@ class CostModel:
             self._comm_y = list(comm.curve.y)
             self._calls = float(comm.calls_per_step())
         self._curved = self._tok_x is not None or self._seq_x is not None or self._comm_x is not None
+        self._token_terms: dict[int, tuple[float, float]] = {}
+        """(token term, all-reduce term) of ``_curve_base`` by token count, as worked out."""
+        self._seq_terms: dict[int, float] = {}
+        """The sequence term of ``_curve_base`` by sequence count, as worked out."""
         # A swapped token moves its per-rank KV slice over that rank's own host link, in parallel.
         self._swap_per_token = profile.memory.kv_bytes_per_token / profile.host_link_Bps
         self._buckets = list(profile.cuda_graph_batch_sizes)
@@ -139,24 +145,37 @@ class CostModel:
                 + (self._comm_fixed + self._comm_per_token * num_tokens))
 
     def _curve_base(self, num_seqs: int, num_tokens: int) -> float:
-        """``_base_s`` of a profile with measured curves: each curve in place of the term it measures."""
+        """``_base_s`` of a profile with measured curves: each curve in place of the term it measures.
+        The token and communication terms are kept per token count and the sequence term per sequence
+        count once worked out (a dictionary read is a fraction of the knot search it saves, and a run
+        meets few distinct counts: at most ``max_num_batched_tokens`` and ``max_num_seqs``)."""
+        terms = self._token_terms.get(num_tokens)
+        if terms is None:
+            terms = self._token_terms[num_tokens] = self._token_comm_terms(num_tokens)
+        seqs = self._seq_terms.get(num_seqs)
+        if seqs is None:
+            seq_x = self._seq_x
+            if seq_x is not None and self._seq_y is not None:
+                seqs = interpolate(seq_x, self._seq_y, num_seqs)
+            else:
+                seqs = self._s * num_seqs
+            self._seq_terms[num_seqs] = seqs
+        return terms[0] + seqs + terms[1]
+
+    def _token_comm_terms(self, num_tokens: int) -> tuple[float, float]:
+        """The token term and the all-reduce term of ``_curve_base`` at ``num_tokens``."""
         tok_x = self._tok_x
         if tok_x is not None and self._tok_y is not None:
             tokens = interpolate(tok_x, self._tok_y, num_tokens)
         else:
             knee = math.pow(self._w_pow + math.pow(self._f * num_tokens, self._p), self._inv_p)
             tokens = self._a0 + knee + (self._m if num_tokens > 1 else 0.0)
-        seq_x = self._seq_x
-        if seq_x is not None and self._seq_y is not None:
-            seqs = interpolate(seq_x, self._seq_y, num_seqs)
-        else:
-            seqs = self._s * num_seqs
         comm_x = self._comm_x
         if comm_x is not None and self._comm_y is not None:
             comm = self._calls * interpolate(comm_x, self._comm_y, num_tokens)
         else:
             comm = self._comm_fixed + self._comm_per_token * num_tokens
-        return tokens + seqs + comm
+        return tokens, comm
 
     def _expert_s(self, num_tokens: int) -> float:
         """Device seconds of the routed experts in a step of ``num_tokens`` new tokens (MoE profiles only):

@@ -93,3 +93,20 @@ def test_curve_profile_round_trips_through_yaml(tmp_path) -> None:
     shape = StepShape(4, 4, 4, 4000, 0, 0.0)
     assert CostModel(again).step_time(shape) == CostModel(curved(tp=2)).step_time(shape)
     assert np.isfinite(CostModel(again).decode_total_time(4, 4000, 10))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 600), st.integers(1, 9000)), min_size=1, max_size=30))
+def test_terms_kept_by_count_give_a_fresh_models_bits(shapes: list[tuple[int, int]]) -> None:
+    """The curved terms are kept per token and per sequence count: a model that has priced many shapes
+    prices each one to the bit as a model pricing it first does (a term kept under the wrong count, or
+    the token term kept by sequences, would not)."""
+    profile = curved(tp=2)
+    seasoned = CostModel(profile)
+    for seqs, tokens in shapes:
+        seasoned.time_of(seqs, tokens, 0, 0, tokens, 0.0, 0)
+        seasoned.time_of(tokens % 600 + 1, seqs, 0, 0, seqs, 0.0, 0)  # the same counts in the other roles
+    for seqs, tokens in shapes:
+        fresh = CostModel(profile)
+        assert seasoned.time_of(seqs, tokens, 0, 0, tokens, 0.0, 0) == fresh.time_of(seqs, tokens, 0, 0, tokens,
+                                                                                     0.0, 0)
