@@ -87,7 +87,8 @@ class DecodeRun:
         """Context sum of the first step."""
 
     def _index_events(self, num_steps: int) -> int:
-        """With the prefix cache: list the run's KV events (``_take_events``); returns the requests' context sum.
+        """With the prefix cache: list the run's KV events (``_apply_events`` applies them); returns the
+        requests' context sum.
 
         Steps where a request's KV bookkeeping can change: it starts a block it does not hold yet, or fills
         a block with a known hash. All other decode steps are no-ops for the KV manager. Each kind of event
@@ -128,19 +129,23 @@ class DecodeRun:
         """(cycle, position in the progressions) of the next event not yet applied."""
         return ctx_sum
 
-    def _take_events(self, step: int) -> list[int]:
-        """The events after the cursor up to ``step``, in order, each as ``step * batch + index``; moves the
-        cursor past them."""
+    def _apply_events(self, step: int) -> None:
+        """Apply the events after the cursor up to ``step``, in order, and move the cursor past them. Each
+        is applied as it is found (a list of them built and read back was ~2 % of a day's instructions);
+        a request's two kinds of event on one step are one allocation."""
         progressions = self._progressions
         if not progressions:
-            return []
+            return
         bs = self.block_size
         n = self.batch
         first_cycle = self._first_cycle
         cycle = self._cursor_cycle
         position = self._cursor_position
-        out: list[int] = []
         count = len(progressions)
+        kv = self.scheduler.kv
+        requests = self.requests
+        counter_step = self._counter_step
+        previous: i64 = -1
         while True:
             base = cycle * bs
             if base + 1 > step:
@@ -152,16 +157,25 @@ class DecodeRun:
                 if phase + base > step:
                     self._cursor_cycle = cycle
                     self._cursor_position = position
-                    return out
+                    return
                 index = slot - phase * n
-                if first_cycle[2 * index + (key & 1)] <= cycle:
-                    out.append(slot + base * n)  # (phase + base) * n + index
                 position += 1
+                if first_cycle[2 * index + (key & 1)] > cycle:
+                    continue  # this kind of event of the request begins in a later cycle
+                event: i64 = slot + base * n  # (phase + base) * n + index: step j = phase + base, then index
+                if event == previous:
+                    continue  # both kinds of event of one request on one step: one allocation
+                previous = event
+                request = requests[index]
+                # allocate(request, 1) as the request stands when step j is scheduled (steady_decode_steps
+                # checked the pool holds every block the run pops).
+                delta = phase + base - 1 - counter_step
+                kv.append_decode_token(request, request.num_computed_tokens + delta,
+                                       request.num_prompt_tokens + request.num_output_tokens + delta)
             cycle += 1
             position = 0
         self._cursor_cycle = cycle
         self._cursor_position = position
-        return out
 
     def truncate(self, num_steps: int) -> None:
         if not self.num_done <= num_steps <= self.num_steps:
@@ -179,25 +193,7 @@ class DecodeRun:
             if step >= self._next_block_step:
                 self._append_blocks_until(step)
             return
-        events = self._take_events(step)
-        if not events:
-            return
-        kv = self.scheduler.kv
-        n = self.batch
-        requests = self.requests
-        counter_step = self._counter_step
-        previous = -1
-        for event in events:
-            if event == previous:
-                continue  # both kinds of event of one request on one step: one allocation
-            previous = event
-            j = event // n
-            request = requests[event - j * n]
-            # allocate(request, 1) as the request stands when step j is scheduled (steady_decode_steps
-            # checked the pool holds every block the run pops).
-            delta = j - 1 - counter_step
-            kv.append_decode_token(request, request.num_computed_tokens + delta,
-                                   request.num_prompt_tokens + request.num_output_tokens + delta)
+        self._apply_events(step)
 
     def _append_blocks_until(self, step: int) -> None:
         """Without the prefix cache: pop a block onto each table whose request starts one on a step from
