@@ -315,6 +315,31 @@ class BlockPool:
             self._entries.append(0)
             self._hash_of.append(None)
             return
+        freed: list[Any] = self._freed
+        head: i64 = self._freed_head
+        held = freed[head]
+        if isinstance(held, list):
+            # A run of marked blocks at the head (the usual case once a pool of finished requests' tables
+            # has cycled): its next block, exactly as ``_take_freed`` hands one out, without its set-up.
+            run: list[Any] = held
+            offset: i64 = self._run_offset
+            table.append(run[offset])
+            offset += 1
+            if offset < len(run):
+                self._run_offset = offset
+            else:
+                self._run_offset = 0
+                run.clear()
+                head += 1
+                if head > _COMPACT_SLACK and 2 * head > len(freed):
+                    del freed[:head]
+                    head = 0
+                self._freed_head = head  # (the head did not move otherwise: nothing to compact)
+            self._num_freed -= 1
+            self.num_evictions += 1
+            self._num_marked -= 1
+            self._num_in_runs -= 1
+            return
         self._take_freed(table, 1)
 
     def _take_freed(self, out: list[int], remaining: int) -> None:
