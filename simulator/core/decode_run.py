@@ -57,7 +57,7 @@ class DecodeRun:
     def restart(self, num_steps: int) -> None:
         """Begin a new run of ``num_steps`` steps of the scheduler's current running set, reusing this
         object (a replica starts a run per arrival or completion)."""
-        requests = self.requests = list(self.scheduler.running)  # a fresh copy: cheaper than refilling in place
+        requests = self.requests = list(self.scheduler.running)  # a fresh copy (the last one may be the plan in flight)
         self.num_steps: i64 = num_steps
         self.num_done: i64 = 0
         self.batch: i64 = len(requests)
@@ -268,12 +268,11 @@ class DecodeRun:
     def in_flight_plan(self) -> StepPlan:
         """Async scheduling, after ``finish``: the plan of the step the last decision scheduled, which
         runs next (a decode of every request of the run), as the step-by-step path would hold it."""
-        plan = StepPlan(self.scheduler.num_steps - 1)
+        # The run's own list of requests goes to the plan (the run takes a new one when it restarts).
         requests = self.requests
-        plan.requests = list(requests)
-        plan.num_new_tokens = [1] * len(requests)
-        plan.num_computed_tokens = [r.num_computed_tokens - 1 for r in requests]
-        plan.sampled = [True] * len(requests)
+        n = len(requests)
+        plan = StepPlan(self.scheduler.num_steps - 1, requests, [1] * n, [r.num_computed_tokens - 1 for r in requests])
+        plan.sampled = [True] * n
         return plan
 
 

@@ -94,11 +94,13 @@ class StepPlan:
     tokens run that far past its tokens); None without speculation."""
     _shape: StepShape | None
 
-    def __init__(self, step_id: int) -> None:
+    def __init__(self, step_id: int, requests: list[Request] | None = None, num_new_tokens: list[int] | None = None,
+                 num_computed_tokens: list[int] | None = None) -> None:
+        """An empty plan, or one with its rows given (three lists of one length, taken as they are)."""
         self.step_id = step_id
-        self.requests = []
-        self.num_new_tokens = []
-        self.num_computed_tokens = []
+        self.requests = [] if requests is None else requests
+        self.num_new_tokens = [] if num_new_tokens is None else num_new_tokens
+        self.num_computed_tokens = [] if num_computed_tokens is None else num_computed_tokens
         self.preempted_ids = ()
         self.swapped_out = ()
         self.swapped_in = ()
