@@ -253,7 +253,9 @@ class KVManager:
         num_output_placeholders)``)."""
         if self.enable_caching and request.num_hashed_blocks:
             num_done = request.num_computed_tokens - request.num_output_placeholders
-            self._cache_until(request, request.block_table, num_done)
+            # Most tokens complete no block: nothing to index (``_cache_until`` indexes at most this far).
+            if num_done // self.block_size > request.num_indexed_blocks:
+                self._cache_until(request, request.block_table, num_done)
 
     def _cache_until(self, request: Request, blocks: list[int], num_done: int) -> None:
         num_full = min(min(num_done, request.num_tokens) // self.block_size, request.num_hashed_blocks)
