@@ -33,7 +33,7 @@ from simulator.fleet.config import AutoscalingConfig, LifecycleConfig
 from simulator.fleet.failures import FailuresConfig
 from simulator.fleet.fleet import FleetRun, FleetSetup, InspectFn, ProgressFn, _kv_probe
 from simulator.fleet.lifecycle import ENDED, STARTING, ColdStart, Slot, SlotState
-from simulator.fleet.loads import least_loaded_of
+from simulator.fleet.loads import LoadLevels, least_loaded_of
 from simulator.fleet.replica import Replica
 from simulator.fleet.router import make_router
 from simulator.results.day import DayLog
@@ -91,7 +91,9 @@ class DynamicFleet:
         self.log = log
         self.day = day
         self.replicas: list[Replica] = []
-        self.loads: list[int] = []
+        self.levels = LoadLevels(0)
+        """Each replica's request count (index = replica id), kept by the replica."""
+        self.loads: list[int] = self.levels.values
         self.slots: list[Slot] = []
         self.ready: list[Slot] = []
         """Routable slots in replica-id order (a crashed one stays until detected)."""
@@ -142,11 +144,11 @@ class DynamicFleet:
         """A replica asked for now (cost from now on), placed on the first live node with room."""
         base = self.base
         index = len(self.replicas)
-        self.loads.append(0)
+        self.levels.append()
         interval = base.sample_interval_s
         series = ReplicaSeries(index, interval, start_s=math.ceil(now / interval) * interval)
         replica = Replica(self.env, index, base.scheduler, base.cost, self.log, series,
-                          network_latency_s=base.network_latency_s, fast_path=base.fast_path, loads=self.loads)
+                          network_latency_s=base.network_latency_s, fast_path=base.fast_path, loads=self.levels)
         series.kv_probe = _kv_probe(replica)
         node = self._place()
         slot = Slot(replica=replica, node=node, state=SlotState.PROVISIONING, started_s=now)
@@ -241,7 +243,7 @@ class DynamicFleet:
             self.held.append(spec)
             return
         if self._least:  # least_requests: the first replica with the fewest requests, lowest id on ties
-            slot = self.slots[least_loaded_of(self.loads, self._ready_ids)]
+            slot = self.slots[least_loaded_of(self.loads, self._ready_ids, self.levels.lowest)]
         else:
             slot = ready[self.router.choose(spec, self._views, now)]
         self.log.on_routed(spec.request_id, slot.replica_id)
@@ -296,7 +298,7 @@ class DynamicFleet:
         for spec in lost:
             scheduler.abort(spec.request_id)
             first_token[spec.request_id] = math.nan  # the client starts over: its next first token counts
-        self.loads[replica.replica_id] = 0
+        self.levels.set(replica.replica_id, 0)
         _halt(replica)
         slot.lost.extend(lost)
         slot.dead = True

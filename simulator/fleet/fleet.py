@@ -18,6 +18,7 @@ from simulator.core.config import SchedulerConfig
 from simulator.cost.cost_model import CostModel
 from simulator.fleet.arrival_feed import ArrivalFeed, DispatchFn, RouteFn
 from simulator.fleet.clock import run_until
+from simulator.fleet.loads import LoadLevels
 from simulator.fleet.replica import Replica
 from simulator.fleet.router import RouterConfig, RouterState, make_router
 from simulator.results.request_log import RequestLog
@@ -71,7 +72,7 @@ def run_fleet(setup: FleetSetup, workload: Workload, *, name: str = "base",
     env = simpy.Environment()
     num_requests = len(workload)
     log = RequestLog(num_requests)
-    loads = [0] * setup.num_replicas  # each replica's request count, kept by the replica
+    loads = LoadLevels(setup.num_replicas)  # each replica's request count, kept by the replica
     replicas = [
         Replica(env, i, setup.scheduler, setup.cost, log, ReplicaSeries(i, setup.sample_interval_s),
                 network_latency_s=setup.network_latency_s, fast_path=setup.fast_path, loads=loads)

@@ -19,6 +19,7 @@ from simulator.cost.link import TransferModel
 from simulator.fleet.config import DisaggregationConfig
 from simulator.fleet.disaggregation import Disaggregation
 from simulator.fleet.fleet import FleetRun, InspectFn, ProgressFn, replay
+from simulator.fleet.loads import LoadLevels
 from simulator.fleet.replica import Replica
 from simulator.fleet.router import RouterConfig, RouterState, make_router
 from simulator.results.handoffs import HandoffLog
@@ -90,7 +91,7 @@ def run_pooled_fleet(setup: PooledSetup, workload: Workload, *, name: str = "bas
     num_requests = len(workload)
     log = RequestLog(num_requests)
     total = sum(group.num_replicas for group in setup.groups)
-    loads = [0] * total
+    loads = LoadLevels(total)
     replicas: list[Replica] = []
     pool_of: list[str] = []
     for group in setup.groups:

@@ -33,6 +33,7 @@ from simulator.core.step import StepPlan, shape_fields
 from simulator.cost.cost_model import CostModel, StepEnds
 from simulator.cost.speculation import speculative_step_s
 from simulator.fleet.clock import Callback, Clock, Wake
+from simulator.fleet.loads import LoadLevels
 from simulator.results.request_log import RequestLog
 from simulator.results.series import ReplicaSeries
 
@@ -52,7 +53,7 @@ class Replica:
         network_latency_s: float = 0.0,
         fast_path: bool = True,
         on_plan: Callable[[StepPlan], None] | None = None,
-        loads: list[int] | None = None,
+        loads: LoadLevels | None = None,
     ) -> None:
         self.env = env
         self.clock = Clock(env)
@@ -229,7 +230,7 @@ class Replica:
     def _publish_load(self) -> None:
         """Requests were added or finished: keep the fleet's load list equal to ``load``."""
         if self.loads is not None:
-            self.loads[self.replica_id] = len(self.scheduler.requests)
+            self.loads.set(self.replica_id, len(self.scheduler.requests))
 
     def _on_wake(self, event: object) -> None:
         self._next()

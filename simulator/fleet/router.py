@@ -23,7 +23,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.core.request import RequestSpec
-from simulator.fleet.loads import LeastLoadedRoute, least_loaded_index
+from simulator.fleet.loads import LeastLoadedRoute, LoadLevels, least_loaded_index
 
 if TYPE_CHECKING:
     from simulator.fleet.arrival_feed import RouteFn
@@ -111,23 +111,26 @@ def _check_nonempty(views: Sequence[ReplicaView]) -> int:
 
 
 class LiveViews(tuple[ReplicaView, ...]):
-    """The live replicas, in replica-id order, with ``loads``: a list the replicas keep equal to their
-    ``load`` (index = replica id), so a least-loaded choice is one C-level scan of ints."""
+    """The live replicas, in replica-id order, with ``levels``: the load list the replicas keep equal to
+    their ``load`` (``levels.values`` = ``loads``, index = replica id), so a least-loaded choice is one
+    C-level scan of ints, stopping at the fleet's smallest load."""
 
     loads: list[int]
+    levels: LoadLevels
 
-    def __new__(cls, replicas: Sequence[ReplicaView], loads: list[int]) -> LiveViews:
-        if [r.replica_id for r in replicas] != list(range(len(replicas))) or len(loads) != len(replicas):
+    def __new__(cls, replicas: Sequence[ReplicaView], levels: LoadLevels) -> LiveViews:
+        if [r.replica_id for r in replicas] != list(range(len(replicas))) or len(levels.values) != len(replicas):
             raise ValueError("live views need replicas in id order 0..n-1 and one load per replica")
         views = super().__new__(cls, replicas)
-        views.loads = loads
+        views.loads = levels.values
+        views.levels = levels
         return views
 
 
 def _least_loaded(views: Sequence[ReplicaView]) -> int:
     """Index of the replica with the fewest requests, ties by lowest replica id."""
     if isinstance(views, LiveViews):
-        return least_loaded_index(views.loads)  # the first minimum: the lowest id
+        return least_loaded_index(views.loads, views.levels.lowest)  # the first minimum: the lowest id
     n = _check_nonempty(views)
     # (load, id, index) read and compared in C: this scan runs once per request over every replica.
     return min(zip(map(_LOAD, views), map(_REPLICA_ID, views), range(n), strict=True))[2]
@@ -199,10 +202,10 @@ class LeastRequestsRouter:
     def choose(self, spec: RequestSpec, views: Sequence[ReplicaView], now_s: float) -> int:
         return _least_loaded(views)
 
-    def live_route(self, loads: list[int]) -> RouteFn:
+    def live_route(self, levels: LoadLevels) -> RouteFn:
         """``choose`` on live views, as one call: the first minimum of the load list (what
         ``_least_loaded`` reads from ``LiveViews``)."""
-        return LeastLoadedRoute(loads)
+        return LeastLoadedRoute(levels)
 
 
 class LeastKVRouter:
@@ -468,7 +471,7 @@ class RouterState:
     With ``refresh_s = 0`` the live views must count a request as waiting as soon as it is handed over.
     """
 
-    def __init__(self, replicas: Sequence[ReplicaView], refresh_s: float, loads: list[int] | None = None) -> None:
+    def __init__(self, replicas: Sequence[ReplicaView], refresh_s: float, loads: LoadLevels | None = None) -> None:
         if refresh_s < 0:
             raise ValueError(f"refresh_s must be >= 0, got {refresh_s}")
         if not replicas:
@@ -510,9 +513,9 @@ class RouterState:
     def route_fn(self, router: Router) -> RouteFn:
         """``route`` with ``router``, as one callable: the router's own ``live_route`` when it has one and
         the views are live (it reads the fleet's load list directly), else ``route`` itself."""
-        live_route: Callable[[list[int]], RouteFn] | None = getattr(router, "live_route", None)
+        live_route: Callable[[LoadLevels], RouteFn] | None = getattr(router, "live_route", None)
         if live_route is not None and self.is_live and isinstance(self._replicas, LiveViews):
-            return live_route(self._replicas.loads)
+            return live_route(self._replicas.levels)
         return partial(self.route, router)
 
     def route(self, router: Router, spec: RequestSpec, now_s: float) -> int:

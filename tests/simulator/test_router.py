@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from simulator.core.request import RequestSpec
-from simulator.fleet.loads import first_min_index, first_min_of, least_loaded_index, least_loaded_of
+from simulator.fleet.loads import LoadLevels, first_min_index, first_min_of, least_loaded_index, least_loaded_of
 from simulator.fleet.router import (
     ROUTERS,
     HashRing,
@@ -389,6 +389,47 @@ def test_the_ready_replicas_pick_is_the_first_minimum(loads: list[int], data: st
     assert least_loaded_of(loads, ids) == expected
 
 
+def _levels(loads: list[int]) -> LoadLevels:
+    """A fleet's load levels holding ``loads``, written as replicas write them."""
+    levels = LoadLevels(len(loads))
+    for index, load in enumerate(loads):
+        levels.set(index, load)
+    return levels
+
+
+@given(st.integers(1, 12), st.lists(st.tuples(st.integers(0, 40), st.integers(0, 6)), max_size=200), st.data())
+def test_load_levels_know_the_smallest_load_and_the_picks_stop_there(size: int, changes: list[tuple[int, int]],
+                                                                     data: st.DataObject) -> None:
+    """Loads set and replicas added in any order (mostly by one, as requests come and go; sometimes
+    anywhere, as a lost replica's drop to 0): ``lowest`` is always the smallest load, and the picks that
+    stop at it are the first minimum of every replica and of any ready subset (a pick stopping below or
+    above the smallest load, or a stale ``lowest``, would not be)."""
+    levels = LoadLevels(size)
+    for where, step in changes:
+        if where == 40:
+            levels.append()
+        else:
+            index = where % len(levels.values)
+            old = levels.values[index]
+            levels.set(index, max(0, old + step - 3) if step else 0)
+        values = levels.values
+        assert levels.lowest == min(values)
+        assert first_min_index(values, levels.lowest) == values.index(min(values))
+        assert least_loaded_index(values, levels.lowest) == values.index(min(values))
+    values = levels.values
+    ids = data.draw(st.lists(st.integers(0, len(values) - 1), min_size=1, max_size=len(values), unique=True))
+    expected = min(ids, key=values.__getitem__)
+    assert first_min_of(values, ids, levels.lowest) == expected
+    assert least_loaded_of(values, ids, levels.lowest) == expected
+
+
+def test_load_levels_refuse_a_negative_load() -> None:
+    levels = LoadLevels(2)
+    with pytest.raises(ValueError, match=">= 0"):
+        levels.set(0, -1)
+    assert levels.values == [0, 0] and levels.lowest == 0
+
+
 def test_the_load_list_pick_needs_a_replica() -> None:
     with pytest.raises(ValueError, match="no replicas"):
         least_loaded_index([])
@@ -400,7 +441,7 @@ def test_live_least_requests_routes_as_its_choose_does(loads: list[int], rid: in
     ``choose`` on the replicas, for any loads."""
     replicas = [FakeReplica(i, num_waiting=load) for i, load in enumerate(loads)]
     router = LeastRequestsRouter()
-    state = RouterState(replicas, 0.0, loads=list(loads))
+    state = RouterState(replicas, 0.0, loads=_levels(loads))
     route = state.route_fn(router)
     assert not hasattr(route, "func")  # not the generic path: a partial of RouterState.route
     request = spec(rid)
@@ -409,7 +450,7 @@ def test_live_least_requests_routes_as_its_choose_does(loads: list[int], rid: in
 
 def test_routes_on_snapshots_or_without_a_live_route_go_through_route() -> None:
     replicas = [FakeReplica(i) for i in range(3)]
-    stale = RouterState(replicas, 1.0, loads=[0, 0, 0])
+    stale = RouterState(replicas, 1.0, loads=_levels([0, 0, 0]))
     assert getattr(stale.route_fn(LeastRequestsRouter()), "func", None) == stale.route  # refreshes, counts
-    live = RouterState(replicas, 0.0, loads=[0, 0, 0])
+    live = RouterState(replicas, 0.0, loads=_levels([0, 0, 0]))
     assert getattr(live.route_fn(RoundRobinRouter()), "func", None) == live.route
