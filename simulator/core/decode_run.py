@@ -112,15 +112,21 @@ class DecodeRun:
             computed = request.num_computed_tokens
             ctx_sum += computed
             first = len(request.block_table) * bs - computed + 1  # first token of a new block
+            starts = 0  # the step of the run's first block start in cycle 0 (0: none there)
             if 1 <= first <= num_steps:
                 progressions.append((((first - 1) % bs + 1) * n + index) * 2)
                 first_cycle[2 * index] = (first - 1) // bs
+                if first <= bs:
+                    starts = first
             known = computed - 1 if self._async else computed  # async: the first step's token is computed
             if request.num_hashed_blocks > known // bs:
-                first = -known % bs or bs  # the step whose token completes a block (becomes known)
-                if first <= num_steps:
-                    progressions.append((((first - 1) % bs + 1) * n + index) * 2 + 1)
-                    first_cycle[2 * index + 1] = (first - 1) // bs
+                first = -known % bs or bs  # the step whose token completes a block (becomes known), cycle 0
+                # On the block start's steps from cycle 0 on (under async scheduling, the usual case: the
+                # token that completes a block becomes known as the next one starts a block), one allocation
+                # does both: the start's event stands for the two.
+                if first <= num_steps and first != starts:
+                    progressions.append((first * n + index) * 2 + 1)
+                    first_cycle[2 * index + 1] = 0
         if len(progressions) > 1:
             progressions.sort()  # a request's two kinds of event on one step sit together: applied once
         self._progressions = progressions
