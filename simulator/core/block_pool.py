@@ -631,6 +631,14 @@ class BlockPool:
                     on_cache(block_hash)
             i += 1
 
+    def mark_private(self, num_blocks: int) -> None:
+        """``cache_range`` of blocks that are all past the request's ``private_from``, with no listener:
+        they are marked, which is a count (a request's ``mark_from`` is past every block when a listener
+        reads every hash, so this is never asked of a pool with one)."""
+        if self.on_cache is not None or self.on_evict is not None:
+            raise RuntimeError("private blocks marked in a pool whose listener reads every hash")
+        self._num_marked += num_blocks
+
     def index_private(self, block_ids: list[int], block_hashes: list[int], start: int, stop: int) -> None:
         """Index a request's marked blocks ``block_ids[start:stop]`` under their hashes, in order, as
         ``cache_range`` would have (the request may look them up from now on)."""
