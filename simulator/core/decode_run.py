@@ -137,7 +137,7 @@ class DecodeRun:
 
     def _apply_events(self, step: int) -> None:
         """Apply the events after the cursor up to ``step``, in order, and move the cursor past them. Each
-        is applied as it is found (a list of them built and read back was ~2 % of a day's instructions);
+        is applied as it is found (a list of them built and read back was ~4 % of a day's instructions);
         a request's two kinds of event on one step are one allocation."""
         progressions = self._progressions
         if not progressions:
