@@ -602,6 +602,11 @@ class BlockPool:
         instead of indexed (with a listener, ``on_cache`` or ``on_evict``, every block is indexed)."""
         if not self.enable_caching:
             return
+        if private_from <= start and self.on_cache is None and self.on_evict is None:
+            # All of them private (most calls: a request's own decode blocks, one at a time): marked, which is
+            # a count, without the set-up below.
+            self._num_marked += stop - start
+            return
         # Ids and hashes typed as objects: compiled, they go from list to dict as they are (as ints they would
         # be unboxed and boxed anew for every dict operation). Indexed, not zip(strict=True): that zip is a
         # generic keyword call.
@@ -630,14 +635,6 @@ class BlockPool:
                 elif on_cache is not None:
                     on_cache(block_hash)
             i += 1
-
-    def mark_private(self, num_blocks: int) -> None:
-        """``cache_range`` of blocks that are all past the request's ``private_from``, with no listener:
-        they are marked, which is a count (a request's ``mark_from`` is past every block when a listener
-        reads every hash, so this is never asked of a pool with one)."""
-        if self.on_cache is not None or self.on_evict is not None:
-            raise RuntimeError("private blocks marked in a pool whose listener reads every hash")
-        self._num_marked += num_blocks
 
     def index_private(self, block_ids: list[int], block_hashes: list[int], start: int, stop: int) -> None:
         """Index a request's marked blocks ``block_ids[start:stop]`` under their hashes, in order, as

@@ -228,10 +228,7 @@ class KVManager:
             num_full = min(known // bs, request.num_hashed_blocks)
             start = request.num_indexed_blocks
             if num_full > start:
-                if start >= request.mark_from:  # all private: marked by count (cache_range's own private case)
-                    self.pool.mark_private(num_full - start)
-                else:
-                    self.pool.cache_range(table, request.block_hashes, start, num_full, request.mark_from)
+                self.pool.cache_range(table, request.block_hashes, start, num_full, request.mark_from)
                 request.num_indexed_blocks = num_full
 
     def append_blocks(self, tables: list[list[int]]) -> None:
@@ -265,10 +262,7 @@ class KVManager:
         start = request.num_indexed_blocks
         if num_full <= start:
             return
-        if start >= request.mark_from:  # all private: marked by count (cache_range's own private case)
-            self.pool.mark_private(num_full - start)
-        else:
-            self.pool.cache_range(blocks, request.block_hashes, start, num_full, request.mark_from)
+        self.pool.cache_range(blocks, request.block_hashes, start, num_full, request.mark_from)
         request.num_indexed_blocks = num_full
 
     def record_lookup(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:

@@ -76,7 +76,7 @@ class StepPlan:
 
     This and the next four are each an empty tuple until the first entry is noted (``note_preempted``
     and the like), then a list: most steps note none, and a plan is built per step (five lists made and
-    freed per step were ~4 % of a simulated day's instructions)."""
+    freed per step were 1.3 % of a simulated day's instructions)."""
     swapped_out: Sequence[SwapOp]
     swapped_in: Sequence[SwapOp]
     admitted_ids: Sequence[int]

@@ -71,7 +71,7 @@ class Replica:
         self.on_plan = on_plan
         """Called with every plan the scheduler makes on the step-by-step path (validation records them)."""
         self.loads = loads
-        """The fleet's load list, if any: this replica keeps ``loads[replica_id]`` equal to ``load``
+        """The fleet's load levels, if any: this replica keeps ``loads.values[replica_id]`` equal to ``load``
         (the least-loaded scan then reads one list instead of every replica)."""
         self.num_fast_steps = 0
         """Steps advanced inside decode runs (the rest went one event per step)."""

@@ -112,7 +112,7 @@ def _check_nonempty(views: Sequence[ReplicaView]) -> int:
 
 class LiveViews(tuple[ReplicaView, ...]):
     """The live replicas, in replica-id order, with ``levels``: the load list the replicas keep equal to
-    their ``load`` (``levels.values`` = ``loads``, index = replica id), so a least-loaded choice is one
+    their ``load`` (``levels.values``, also ``loads``; index = replica id), so a least-loaded choice is one
     C-level scan of ints, stopping at the fleet's smallest load."""
 
     loads: list[int]
@@ -130,7 +130,8 @@ class LiveViews(tuple[ReplicaView, ...]):
 def _least_loaded(views: Sequence[ReplicaView]) -> int:
     """Index of the replica with the fewest requests, ties by lowest replica id."""
     if isinstance(views, LiveViews):
-        return least_loaded_index(views.loads, views.levels.lowest)  # the first minimum: the lowest id
+        levels = views.levels
+        return least_loaded_index(levels.values, levels.lowest)  # the first minimum: the lowest id
     n = _check_nonempty(views)
     # (load, id, index) read and compared in C: this scan runs once per request over every replica.
     return min(zip(map(_LOAD, views), map(_REPLICA_ID, views), range(n), strict=True))[2]
