@@ -26,7 +26,7 @@ import simpy
 
 from simulator.collector import cycle_collector_paused
 from simulator.core.request import RequestSpec
-from simulator.fleet.arrival_feed import ArrivalFeed
+from simulator.fleet.arrival_feed import ArrivalFeed, ReadyRoute
 from simulator.fleet.autoscaler import Observation, Scaler, ScalingContext
 from simulator.fleet.clock import run_until
 from simulator.fleet.config import AutoscalingConfig, LifecycleConfig
@@ -103,6 +103,8 @@ class DynamicFleet:
         """Requests waiting at the router for a ready replica."""
         self.router = make_router(self.base.router, 1, self.base.seed)
         self._least = self.base.router.policy == "least_requests"
+        self.ready_route: ReadyRoute | None = ReadyRoute(self.levels, log) if self._least else None
+        """least_requests: ``dispatch``'s usual case, compiled (the arrival feed tries it first)."""
         self._per_node = max(1, setup.lifecycle.gpus_per_node // setup.tp)
         self._nodes: dict[int, list[Slot]] = {}
         self._dead_nodes: set[int] = set()
@@ -155,6 +157,8 @@ class DynamicFleet:
         self._nodes.setdefault(node, []).append(slot)
         self.replicas.append(replica)
         self.slots.append(slot)
+        if self.ready_route is not None:
+            self.ready_route.replicas.append(replica)
         failures = self.setup.failures
         if failures is not None and failures.mtbf_h is not None:
             at = now + float(self._rng.exponential(failures.mtbf_h * 3600.0))
@@ -206,6 +210,8 @@ class DynamicFleet:
         """The router's views and ids of the ready replicas, rebuilt when they change (rarely)."""
         self._views = [s.replica for s in self.ready]
         self._ready_ids = [s.replica_id for s in self.ready]
+        if self.ready_route is not None:  # a crashed replica not yet noticed: ``dispatch`` decides each time
+            self.ready_route.ids = [] if any(s.dead for s in self.ready) else list(self._ready_ids)
 
     def cancel(self, slot: Slot, now: float) -> None:
         """Stop a replica still starting (it never served)."""
@@ -302,6 +308,7 @@ class DynamicFleet:
         _halt(replica)
         slot.lost.extend(lost)
         slot.dead = True
+        self._routable()
 
     def _detect(self, slots: list[Slot], replacements: int) -> None:
         now = self.env.now
@@ -476,7 +483,7 @@ def run_dynamic_fleet(setup: DynamicSetup, workload: Workload, *, name: str = "b
 
     specs = workload.iter_specs(block_hashes=setup.base.scheduler.prefix_caching)
     with cycle_collector_paused():
-        feed = ArrivalFeed(env, specs, log, [], dispatch=fleet.dispatch,
+        feed = ArrivalFeed(env, specs, log, [], dispatch=fleet.dispatch, ready=fleet.ready_route,
                            progress=None if progress is None else report, report_every=max(1, num_requests // 100),
                            log_arrivals=False)
         fleet.feed = feed

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from simulator.cli.main import main
 from simulator.errors import ConfigError
+from simulator.fleet import dynamic
 from simulator.fleet.autoscaler import (
     ConcurrencyAutoscaler,
     Observation,
@@ -24,7 +25,7 @@ from simulator.fleet.autoscaler import (
 )
 from simulator.fleet.config import AutoscalingConfig, LifecycleConfig
 from simulator.fleet.lifecycle import cold_start
-from simulator.results.request_log import RequestOutcome
+from simulator.results.request_log import REQUEST_COLUMNS, RequestOutcome
 from simulator.results.run_result import VariantResult
 from simulator.scenario import load_mapping
 from simulator.simulation import run
@@ -269,6 +270,27 @@ def test_soak_with_every_kind_of_failure_conserves_requests() -> None:
     assert s.requests_in_flight == 0
     assert s.requests_completed + (s.requests_failed or 0) + s.requests_rejected == s.requests_arrived
     assert (s.requests_failed or 0) == int(variant.day.log.failed.sum())
+
+
+def test_the_compiled_dispatch_routes_as_the_fleet_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ReadyRoute`` (the arrival feed's least-requests dispatch, compiled) and ``DynamicFleet.dispatch`` alone
+    send every request to the same replica at the same time, through crashes noticed late (the fleet then
+    decides each request itself), a node failure, scaling and retries: every column of the request log is equal.
+    Fails with the compiled path picking differently (the last ready replica on ties, say) or left on while a
+    crashed replica is still routable."""
+    overrides = [
+        "workload.duration_s=900", "workload.arrival.period_s=900", "workload.arrival.peak_at_s=450",
+        "fleet.replicas=3", "autoscaling={policy: concurrency, target: 6, max_replicas: 6}",
+        "failures={crashes: [{at_s: 200, replica: 1}, {at_s: 500, replica: 0}], max_retries: 1, detection_s: 30, "
+        "node_failures: [{at_s: 450, node: 1}]}",
+    ]
+    fast = simulate(overrides)
+    monkeypatch.setattr(dynamic, "ReadyRoute", lambda levels, log: None)
+    slow = simulate(overrides)
+    assert fast.day is not None and fast.day.figures.requests_retried > 0
+    assert fast.summary.requests_arrived == slow.summary.requests_arrived > 1000
+    for name in REQUEST_COLUMNS:
+        np.testing.assert_array_equal(getattr(fast.requests, name), getattr(slow.requests, name), err_msg=name)
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
