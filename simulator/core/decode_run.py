@@ -14,7 +14,12 @@ first of them, already scheduled, is about to run, and applies the K - 1 decisio
 steps before them run: each decision allocates the slot of the step after the one in flight, so a
 request's counters stand one token ahead and the block-start events come one step earlier, while the
 blocks its tokens fill are indexed when those tokens become known, on the same steps as without async.
-The run's last step is handed back still in flight (``in_flight_plan``); nothing finishes inside it.
+A run ends with the step sampling the first requests' last tokens when the pool holds the blocks of its
+decisions (``steady_async_steps``): its last decision leaves them out, as the scheduler does a request
+whose last token is in flight, and ``finish`` delivers those tokens and finishes them, as that step's
+``update`` would; one ``update`` and one decision per finish fewer than handing that step back and
+running it on its own (a simulated day's events -13 %). The step its last decision scheduled is handed
+back (``in_flight_plan``) to start as the run ends, as the queued step does.
 
 Standard library only.
 """
@@ -37,9 +42,9 @@ class DecodeRun:
     (``advance_to``) and closed by ``finish``; ``truncate`` cuts the run short (an arrival that could
     change the batch)."""
 
-    __slots__ = ("_async", "_caching", "_counter_step", "_cursor_cycle", "_cursor_position", "_first_cycle",
-                 "_next_block_step", "_progressions", "batch", "block_size", "ctx_sum_start", "num_done", "num_steps",
-                 "requests", "scheduler")
+    __slots__ = ("_async", "_caching", "_counter_step", "_cursor_cycle", "_cursor_position", "_finish_step",
+                 "_finishing", "_first_cycle", "_next_block_step", "_progressions", "batch", "block_size",
+                 "ctx_sum_start", "num_done", "num_steps", "requests", "scheduler")
 
     def __init__(self, scheduler: Scheduler, num_steps: int) -> None:
         self.scheduler = scheduler
@@ -52,6 +57,8 @@ class DecodeRun:
         self._cursor_cycle = 0
         self._cursor_position = 0
         self._next_block_step: i64 = _NEVER
+        self._finishing: list[bool] = []
+        self._finish_step: i64 = _NEVER
         self.restart(num_steps)
 
     def restart(self, num_steps: int) -> None:
@@ -63,6 +70,20 @@ class DecodeRun:
         self.batch: i64 = len(requests)
         self._counter_step: i64 = 0
         """The run step every request's token counters stand at (all move together: ``set_counters``)."""
+        self._finish_step = _NEVER
+        if self._async:
+            # The requests whose last token the run's last step samples (``steady_async_steps`` ends a run
+            # there when the blocks allow): the run's last decision, scheduled as that step starts, leaves
+            # them out, and ``finish`` delivers their last tokens and finishes them, as ``update`` would.
+            finishing = self._finishing
+            finishing.clear()
+            any_finishing = False
+            for request in requests:
+                last = request.max_output_tokens - request.num_output_tokens == num_steps
+                finishing.append(last)
+                any_finishing = any_finishing or last
+            if any_finishing:
+                self._finish_step = num_steps
         ctx_sum: i64 = 0
         if self._caching:
             ctx_sum = self._index_events(num_steps)
@@ -176,6 +197,13 @@ class DecodeRun:
                 # allocate(request, 1) as the request stands when step j is scheduled (steady_decode_steps
                 # checked the pool holds every block the run pops).
                 delta = phase + base - 1 - counter_step
+                if phase + base == self._finish_step and self._finishing[index]:
+                    # The last decision leaves out a request whose last token is in flight: no slot, and only
+                    # the blocks ``update`` indexes before it (those full of tokens whose KV is computed or
+                    # being computed: not the token the step in flight computes, whose block ``finish``
+                    # indexes as that step's ``update`` does, after the decisions of the others).
+                    kv.index_known_tokens(request, request.num_prompt_tokens + request.num_output_tokens + delta - 1)
+                    continue
                 kv.append_decode_token(request, request.num_computed_tokens + delta,
                                        request.num_prompt_tokens + request.num_output_tokens + delta)
             cycle += 1
@@ -226,9 +254,13 @@ class DecodeRun:
             tables: list[list[int]] = []
             steps: list[int] = []  # each listed table's step (a run's steps: mostly cached small ints)
             count = 0
-            for request in requests:
+            finish_step = self._finish_step
+            for index in range(len(requests)):
+                request = requests[index]
                 table = request.block_table
                 at: i64 = len(table) * bs - request.num_computed_tokens + base
+                if at == finish_step and self._finishing[index]:
+                    at += bs  # its last decision left it out: no block (and none later: the run ends here)
                 if 1 <= at <= high:
                     position = count
                     while position > 0 and steps[position - 1] > at:
@@ -262,18 +294,34 @@ class DecodeRun:
 
     def finish(self) -> list[Request]:
         """Apply the remaining steps and leave every request as the step-by-step path would, finishing
-        those whose last token the run's last step produced. Returns them, in running order (none under
-        async scheduling, whose run ends with the step sampling the last tokens still in flight)."""
-        self.advance_to(self.num_steps)
-        self.set_counters(self.num_steps)
-        self.scheduler.account_steps(self.num_steps)
-        if self._async:
+        those whose last token the run's last step produced. Returns them, in running order (under async
+        scheduling, those of a run that ends with the step sampling them, not cut short)."""
+        num_steps = self.num_steps
+        self.advance_to(num_steps)
+        self.set_counters(num_steps)
+        self.scheduler.account_steps(num_steps)
+        if not self._async:
+            return self.scheduler.retire_finished(self.requests)
+        if num_steps != self._finish_step:
             return []
-        return self.scheduler.retire_finished(self.requests)
+        requests = self.requests
+        finishing = self._finishing
+        finished: list[Request] = []
+        kept: list[Request] = []
+        for index in range(len(requests)):
+            request = requests[index]
+            if finishing[index]:
+                request.num_computed_tokens -= 1  # not in the last decision (set_counters moved every request)
+                finished.append(request)
+            else:
+                kept.append(request)
+        self.requests = kept  # the step handed back (``in_flight_plan``) runs without them
+        return self.scheduler.deliver_last_tokens(finished)
 
     def in_flight_plan(self) -> StepPlan:
         """Async scheduling, after ``finish``: the plan of the step the last decision scheduled, which
-        runs next (a decode of every request of the run), as the step-by-step path would hold it."""
+        runs next (a decode of every request of the run but those ``finish`` finished), as the step-by-step
+        path would hold it."""
         # The run's own list of requests goes to the plan (the run takes a new one when it restarts).
         requests = self.requests
         n = len(requests)

@@ -231,6 +231,17 @@ class KVManager:
                 self.pool.cache_range(table, request.block_hashes, start, num_full, request.mark_from)
                 request.num_indexed_blocks = num_full
 
+    def index_known_tokens(self, request: Request, num_tokens: int) -> None:
+        """The blocks full of a request's first ``num_tokens`` tokens (known, their KV computed or being
+        computed) indexed, none allocated: what ``update`` indexes for a request that the next decision
+        leaves out (its last token is in flight), as a decode run applies that decision."""
+        if self.enable_caching:
+            num_full = min(num_tokens // self.block_size, request.num_hashed_blocks)
+            start = request.num_indexed_blocks
+            if num_full > start:
+                self.pool.cache_range(request.block_table, request.block_hashes, start, num_full, request.mark_from)
+                request.num_indexed_blocks = num_full
+
     def append_blocks(self, tables: list[list[int]]) -> None:
         """One fresh block at the end of each listed table (a request's ``block_table``, the list itself),
         popped in the order listed (a table listed twice gets two): ``allocate(request, 1)`` for decode

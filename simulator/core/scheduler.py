@@ -348,6 +348,18 @@ class Scheduler:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return finished
 
+    def deliver_last_tokens(self, requests: list[Request]) -> list[Request]:
+        """Async scheduling, the end of a decode run whose last step sampled these running requests' last
+        tokens (their counters as that step's ``update`` finds them): deliver each, index the blocks it
+        completes and finish the request, in the order given, as ``update`` does. Returns them."""
+        if requests:
+            for request in requests:
+                request.num_output_placeholders -= 1
+                self.kv.cache_known_blocks(request)
+                self._finish(request)
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        return requests
+
     # ----- fast path: how many steps until something changes ------------------------------------------
 
     def steady_decode_steps(self) -> int:
@@ -397,11 +409,14 @@ class Scheduler:
     def steady_async_steps(self, queued: StepPlan) -> int:
         """Async scheduling's ``steady_decode_steps``: with ``queued`` (scheduled, to run next) a decode of
         every running request, the steps from it on (it included) that are all such decodes, scheduled
-        before anything can change the batch: up to the one sampling the first request's last token (the
-        step after it is scheduled without that request). 0 when fewer than 3 (no event saved).
+        before anything can change the batch, and one more: through the one sampling the first request's
+        last token, whose decision (scheduling the step after it) leaves that request out, when the pool
+        holds the blocks of every decision; else up to that step, which is then the one more. 0 when fewer
+        than 3 (no event saved).
 
-        The simulator runs that many steps as one run (``DecodeRun``), handing the last one back in flight
-        with the decision that follows it; an arrival the scheduler would try to admit cuts it short."""
+        The simulator runs all but the last as one run (``DecodeRun``), which finishes the requests whose
+        last token its last step sampled and hands the last step back, queued: it starts as the run ends.
+        An arrival the scheduler would try to admit cuts the run short."""
         running = self.running
         cfg = self.config
         n = len(running)
@@ -421,9 +436,14 @@ class Scheduler:
                 steps = remaining
         if steps < 3:
             return 0
-        # The run schedules steps - 1 more decodes (the queued one holds its blocks already).
-        decisions = steps - 1
         free = self.kv.num_free_blocks
+        # A run through the step sampling the first last tokens: its steps decisions (the queued step holds
+        # its blocks already) schedule every request but those in the last (fewer blocks than counted here),
+        # and the step after it is handed back queued, behind the finished requests.
+        if n * -(-steps // self.block_size) <= free or self._blocks_for_steps(steps) <= free:
+            return steps + 1
+        # Else a run up to it, handing it back in flight: steps - 1 more decodes.
+        decisions = steps - 1
         if n * -(-decisions // self.block_size) <= free or self._blocks_for_steps(decisions) <= free:
             return steps
         low, high = 0, decisions

@@ -287,9 +287,11 @@ class Replica:
         Each decision therefore sees the outputs of the step before the one in flight: finishes free their
         seats and blocks, and arrivals are admitted, one step later than under synchronous scheduling.
 
-        On the fast path, when the queued step and the K - 1 after it are decodes of the whole batch, a
-        decode run makes those K - 1 decisions and ends when step K - 1 does, handing step K back in flight
-        (``_hand_back``): the same decisions at the same instants as step by step."""
+        On the fast path, when the queued step and the K - 1 after it are decodes of the whole batch (the
+        last of them, K, without the requests whose last token step K - 1 samples), a decode run makes those
+        K - 1 decisions, ends when step K - 1 does, and hands step K back as the queued step, which starts
+        then (``_hand_back``; another run behind it, often): the same decisions at the same instants as step
+        by step."""
         scheduler = self.scheduler
         plan = self._queued
         self._queued = None
@@ -410,10 +412,12 @@ class Replica:
         self._next()
 
     def _hand_back(self, run: DecodeRun) -> None:
-        """An async decode run ended: its last decision's step runs from now, in flight as the step-by-step
-        path holds it, and the step after it is scheduled now, as ``_next_async`` would."""
-        self._start(run.in_flight_plan())
-        self._schedule_following()
+        """An async decode run ended: its last decision's step is the queued one, which starts now as in
+        ``_next_async`` (another run behind it, when it is a decode of the whole batch: a run that finished
+        requests at its last step goes on with the rest without a step of its own)."""
+        plan = run.in_flight_plan()
+        self._queued = plan if plan.requests else None
+        self._next_async()
 
 
 class _ActiveRun:

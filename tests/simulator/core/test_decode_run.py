@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from simulator.core.config import Batching, KVPolicy, SchedulerConfig
 from simulator.core.decode_run import DecodeRun
-from simulator.core.request import RequestSpec
+from simulator.core.request import RequestSpec, RequestStatus
 from simulator.core.scheduler import Scheduler
 from simulator.core.step import StepPlan
 
@@ -122,8 +122,9 @@ def _drive_async(config: SchedulerConfig, specs: list[RequestSpec], fast: bool,
                  probes: tuple[int, ...]) -> dict[int, tuple[object, ...]]:
     """Async scheduling as a replica drives it, step boundary by step boundary: the step in flight is
     updated, the queued step starts, and the one after it is scheduled. State after each boundary, keyed by
-    steps scheduled; on the fast path a decode run replaces the boundaries inside it and hands its last
-    step back in flight."""
+    steps scheduled; on the fast path a decode run replaces the boundaries inside it, finishes the requests
+    its last step sampled the last token of, and hands back the step its last decision scheduled, queued:
+    it starts now (or another run does, behind it)."""
     sched = Scheduler(config)
     for spec in specs:
         sched.add_request(spec)
@@ -138,19 +139,22 @@ def _drive_async(config: SchedulerConfig, specs: list[RequestSpec], fast: bool,
         if in_flight is not None:
             sched.update(in_flight)
             in_flight = None
-        k = sched.steady_async_steps(queued) if fast and queued is not None else 0
-        if k:
+        while fast and queued is not None:
+            k = sched.steady_async_steps(queued)
+            if not k:
+                break
             if run is None:
                 run = DecodeRun(sched, k - 1)
             else:
                 run.restart(k - 1)
             for percent in probes:
                 run.advance_to((k - 1) * percent // 100)
-            assert run.finish() == []
-            in_flight = run.in_flight_plan()
-        else:
-            plan = queued if queued is not None else (sched.schedule() if sched.has_work else None)
-            in_flight = plan if plan is not None and not plan.is_empty else None
+            finished = run.finish()
+            assert all(r.status is RequestStatus.FINISHED for r in finished)
+            queued = run.in_flight_plan()
+            queued = None if queued.is_empty else queued
+        plan = queued if queued is not None else (sched.schedule() if sched.has_work else None)
+        in_flight = plan if plan is not None and not plan.is_empty else None
         queued = None
         if sched.has_work:
             following = sched.schedule()
@@ -199,6 +203,29 @@ def test_an_async_run_starts_behind_a_queued_decode_of_the_whole_batch() -> None
     assert sched.steady_async_steps(decode) == 0  # the prefill's token is still in flight
     sched.update(prefill)
     assert sched.steady_async_steps(prefill) == 0  # not a decode of the batch
-    assert sched.steady_async_steps(decode) == 19  # 19 tokens to go, the queued decode's included
+    # 19 tokens to go, the queued decode's included: a run through the step sampling the last one (its last
+    # decision leaves the request out), then the step after it (empty here) handed back.
+    assert sched.steady_async_steps(decode) == 20
     sched.add_request(RequestSpec(1, 0.0, 10, 5))
     assert sched.steady_async_steps(decode) == 0  # the next decision would admit it
+
+
+def test_an_async_run_finishes_the_requests_its_last_step_samples_the_last_token_of() -> None:
+    config = SchedulerConfig(num_blocks=64, block_size=4, max_num_seqs=2, max_num_batched_tokens=64,
+                             async_scheduling=True)
+    sched = Scheduler(config)
+    sched.add_request(RequestSpec(0, 0.0, 10, 20))
+    sched.add_request(RequestSpec(1, 0.0, 10, 30))
+    prefill = sched.schedule()
+    decode = sched.schedule()
+    sched.update(prefill)
+    assert sched.steady_async_steps(decode) == 20
+    first, second = sched.running
+    run = DecodeRun(sched, 19)
+    assert run.finish() == [first]  # its last token delivered at the run's end, as ``update`` would
+    assert first.status is RequestStatus.FINISHED and first.num_output_tokens == 20
+    assert first.num_output_placeholders == 0 and first.num_computed_tokens == 29  # 10 + 20 - 1 computed
+    assert sched.running == [second] and sched.kv.num_held_blocks(0) == 0
+    assert second.num_output_tokens == 20 and second.num_computed_tokens == 30  # the next step's token too
+    handed_back = run.in_flight_plan()
+    assert handed_back.requests == [second] and handed_back.num_computed_tokens == [29]
