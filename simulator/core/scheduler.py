@@ -249,7 +249,7 @@ class Scheduler:
                 finished.append(request)
                 plan.note_finished(request.request_id)
         if finished:
-            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+            self._drop_finished()
         return finished
 
     def _update_speculative(self, plan: StepPlan, stopped_ids: Collection[int],
@@ -287,7 +287,7 @@ class Scheduler:
                 finished.append(request)
                 plan.note_finished(request.request_id)
         if finished:
-            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+            self._drop_finished()
         return finished
 
     def _update_async(self, plan: StepPlan, stopped_ids: Collection[int]) -> list[Request]:
@@ -314,8 +314,7 @@ class Scheduler:
             request.num_output_tokens = outputs
             running = status is RequestStatus.RUNNING
             if running:
-                request.num_output_placeholders -= 1
-                self.kv.cache_known_blocks(request)
+                self._delivered(request)
             if outputs >= request.max_output_tokens or (any_stopped and request.request_id in stopped_ids):
                 if running:
                     self._finish(request)
@@ -327,8 +326,18 @@ class Scheduler:
                 finished.append(request)
                 plan.note_finished(request.request_id)
         if any_running:
-            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+            self._drop_finished()
         return finished
+
+    def _delivered(self, request: Request) -> None:
+        """Async scheduling: a running request's sampled token has been delivered (its output counted): its
+        placeholder goes, and the blocks its known tokens fill are indexed."""
+        request.num_output_placeholders -= 1
+        self.kv.cache_known_blocks(request)
+
+    def _drop_finished(self) -> None:
+        """The running list without the requests just finished."""
+        self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
 
     def _finish(self, request: Request) -> None:
         request.status = RequestStatus.FINISHED
@@ -345,7 +354,7 @@ class Scheduler:
         if finished:
             for request in finished:
                 self._finish(request)
-            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+            self._drop_finished()
         return finished
 
     def deliver_last_tokens(self, requests: list[Request]) -> list[Request]:
@@ -354,10 +363,9 @@ class Scheduler:
         completes and finish the request, in the order given, as ``update`` does. Returns them."""
         if requests:
             for request in requests:
-                request.num_output_placeholders -= 1
-                self.kv.cache_known_blocks(request)
+                self._delivered(request)
                 self._finish(request)
-            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+            self._drop_finished()
         return requests
 
     # ----- fast path: how many steps until something changes ------------------------------------------
@@ -417,11 +425,19 @@ class Scheduler:
         The simulator runs all but the last as one run (``DecodeRun``), which finishes the requests whose
         last token its last step sampled and hands the last step back, queued: it starts as the run ends.
         An arrival the scheduler would try to admit cuts the run short."""
+        n = len(self.running)
+        if (not n or len(queued.requests) != n or queued.admitted_ids or queued.preempted_ids
+                or sum(queued.num_new_tokens) != n):
+            return 0
+        return self.steady_async_batch()
+
+    def steady_async_batch(self) -> int:
+        """``steady_async_steps`` of a queued decode of every running request (known to be one: the step a
+        decode run hands back), without the plan."""
         running = self.running
         cfg = self.config
         n = len(running)
-        if (not n or n > cfg.max_num_batched_tokens or len(queued.requests) != n or queued.admitted_ids
-                or queued.preempted_ids or sum(queued.num_new_tokens) != n):
+        if not n or n > cfg.max_num_batched_tokens:
             return 0
         if self.waiting and n < cfg.max_num_seqs and not self._admission_blocked():
             return 0

@@ -326,9 +326,11 @@ class Replica:
     def _start(self, plan: StepPlan) -> None:
         """Run ``plan`` from now: its end is one step time away."""
         start = self.clock.now()
-        log = self.log
-        for rid in plan.admitted_ids:
-            log.on_scheduled(rid, start)
+        admitted = plan.admitted_ids
+        if admitted:  # most steps admit nothing (iterating an empty sequence is a generic call compiled)
+            log = self.log
+            for rid in admitted:
+                log.on_scheduled(rid, start)
         if self._spec is None:
             seqs, tokens, decodes, decode_ctx, prefill_tokens, pairs, swap = shape_fields(plan)
             step_s = self.cost_model.time_of(seqs, tokens, decodes, decode_ctx, prefill_tokens, pairs, swap)
@@ -415,9 +417,16 @@ class Replica:
         """An async decode run ended: its last decision's step is the queued one, which starts now as in
         ``_next_async`` (another run behind it, when it is a decode of the whole batch: a run that finished
         requests at its last step goes on with the rest without a step of its own)."""
+        num_steps = self.scheduler.steady_async_batch()  # what ``_next_async`` asks of that step, unbuilt
+        if num_steps:
+            self._start_run(num_steps - 1)
+            return
         plan = run.in_flight_plan()
-        self._queued = plan if plan.requests else None
-        self._next_async()
+        if plan.requests:  # as ``_next_async`` goes on with a queued step that starts no run
+            self._start(plan)
+            self._schedule_following()
+        else:
+            self._next_async()
 
 
 class _ActiveRun:
