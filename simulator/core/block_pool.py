@@ -496,10 +496,12 @@ class BlockPool:
     def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on prefix-hit blocks; a free one leaves the queue (it is no longer evictable)."""
         ref = self._ref
-        for block_id in blocks:
-            if ref[block_id] == 0:
+        hits: list[int] = blocks if isinstance(blocks, list) else list(blocks)  # compiled: an indexed loop
+        for block_id in hits:
+            count = ref[block_id]
+            if count == 0:
                 self._num_freed -= 1  # its queue entry goes stale
-            ref[block_id] += 1
+            ref[block_id] = count + 1  # not ``+= 1``: compiled, an augmented item assignment is a generic add
         if len(self._freed) - self._freed_head > 2 * self._num_freed + _COMPACT_SLACK:
             self._compact()
 
@@ -579,7 +581,7 @@ class BlockPool:
                     continue
                 freed.append(held)
                 self._num_freed += 1
-                entries[block_id] += 1
+                entries[block_id] = entries[block_id] + 1
             elif count < 0:
                 raise AssertionError(f"block {block_id} freed more often than referenced")
         if unhashed:
@@ -625,13 +627,14 @@ class BlockPool:
             # The request's own fresh blocks, none indexed: marked by count alone.
             self._num_marked += count - (indexed if indexed > start else start)
         while i < indexed:
-            block_id = ids[i]
+            held = ids[i]
+            block_id: int = held  # the list index (an object index would be a generic item access)
             if hash_of[block_id] is None:
                 block_hash = hashes[i]
                 hash_of[block_id] = block_hash
                 # One probe of the index (a large dict read at random) whether the hash is new or not.
-                if cached.setdefault(block_hash, block_id) is not block_id:
-                    self._copies.setdefault(block_hash, []).append(block_id)
+                if cached.setdefault(block_hash, held) is not held:
+                    self._copies.setdefault(block_hash, []).append(held)
                 elif on_cache is not None:
                     on_cache(block_hash)
             i += 1

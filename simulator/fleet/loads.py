@@ -37,7 +37,8 @@ class LoadLevels:
     def append(self) -> None:
         """A new replica, at load 0."""
         self.values.append(0)
-        self._counts[0] += 1
+        counts = self._counts
+        counts[0] = counts[0] + 1  # not ``+= 1``: compiled, an augmented item assignment is a generic add
         self.lowest = 0
 
     def set(self, index: int, value: int) -> None:
@@ -51,10 +52,10 @@ class LoadLevels:
             raise ValueError(f"a load must be >= 0, got {value}")
         values[index] = value
         counts = self._counts
-        counts[old] -= 1
+        counts[old] = counts[old] - 1
         while len(counts) <= new:
             counts.append(0)
-        counts[new] += 1
+        counts[new] = counts[new] + 1
         lowest: i64 = self.lowest
         if new < lowest:
             self.lowest = new
