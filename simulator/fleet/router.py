@@ -270,6 +270,11 @@ class HashRing:
         self._owners = [rid for _, rid in points]
         self.num_replicas = len(set(replica_ids))
 
+    def owner(self, key: int) -> int:
+        """The first replica id ``walk`` yields for ``key``, without the walk."""
+        start = bisect.bisect_right(self._points, stable_hash64(key))
+        return self._owners[start % len(self._owners)]
+
     def walk(self, key: int) -> Iterator[int]:
         """Distinct replica ids in ring order from ``key``'s position: the owner first, then the fallbacks
         that bounded-load hashing tries in turn. Lazy, because the owner is almost always taken."""
@@ -304,25 +309,44 @@ class SessionAffinityRouter:
         # The ring depends only on which replica ids exist; rebuild it only when they change.
         self._ring_ids: tuple[int, ...] = ()
         self._ring: HashRing | None = None
+        self._ring_live = False
+        """The ring was built for live views (ids 0..n-1): live views of the same size need no check."""
 
     @classmethod
     def from_config(cls, config: RouterConfig, num_replicas: int, rng: np.random.Generator) -> Router:
         return cls(epsilon=config.load_factor_epsilon, virtual_nodes=config.virtual_nodes)
 
     def ring_for(self, views: Sequence[ReplicaView]) -> HashRing:
-        ids = tuple(v.replica_id for v in views)
+        live = isinstance(views, LiveViews)  # ids 0..n-1: no replica read
+        if live and self._ring is not None and len(self._ring_ids) == len(views) and self._ring_live:
+            return self._ring
+        ids = tuple(range(len(views))) if live else tuple(v.replica_id for v in views)
+        self._ring_live = live
         if self._ring is None or ids != self._ring_ids:
             self._ring = HashRing(ids, self._virtual_nodes)
             self._ring_ids = ids
         return self._ring
 
     def capacity(self, views: Sequence[ReplicaView]) -> int:
-        total = sum(load_of(v) for v in views)
+        total = sum(views.loads) if isinstance(views, LiveViews) else sum(load_of(v) for v in views)
         return math.ceil((1.0 + self._epsilon) * (total + 1) / len(views))
 
     def choose(self, spec: RequestSpec, views: Sequence[ReplicaView], now_s: float) -> int:
         _check_nonempty(views)
         if spec.session_id is None:
+            return _least_loaded(views)
+        if isinstance(views, LiveViews):
+            # Live views: index = replica id, loads read off the fleet's load list (this runs per request;
+            # the generic path below reads every replica's load through its property, and maps ids).
+            loads = views.loads
+            cap = self.capacity(views)
+            ring = self.ring_for(views)
+            home = ring.owner(spec.session_id)
+            if loads[home] < cap:
+                return home
+            for rid in ring.walk(spec.session_id):
+                if loads[rid] < cap:
+                    return rid
             return _least_loaded(views)
         index_of = {v.replica_id: i for i, v in enumerate(views)}
         cap = self.capacity(views)

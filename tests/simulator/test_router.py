@@ -18,6 +18,7 @@ from simulator.fleet.router import (
     ROUTERS,
     HashRing,
     LeastRequestsRouter,
+    LiveViews,
     PowerOfTwoRouter,
     PrefixAwareRouter,
     ReplicaView,
@@ -306,6 +307,33 @@ def test_bounded_load_is_never_exceeded(sessions: list[int], num_replicas: int, 
         replicas[router.choose(spec(i, session_id=session), replicas, 0.0)].num_running += 1
         total = i + 1
         assert max(load_of(r) for r in replicas) <= math.ceil((1 + epsilon) * total / num_replicas)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    placements=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 2)), min_size=1, max_size=120),
+    num_replicas=st.integers(1, 8),
+    epsilon=st.sampled_from([0.1, 0.25, 1.0]),
+)
+def test_session_affinity_on_live_views_routes_as_on_plain_views(placements: list[tuple[int, int]],
+                                                                  num_replicas: int, epsilon: float) -> None:
+    """The live-view path (loads off the fleet's load list, the ring's owner looked up directly) picks what the
+    generic path picks from the replicas themselves, as loads rise and fall; fails with the owner taken past its
+    capacity, or the capacity counted from stale loads."""
+    live_router = SessionAffinityRouter(epsilon=epsilon, virtual_nodes=20)
+    plain_router = SessionAffinityRouter(epsilon=epsilon, virtual_nodes=20)
+    replicas = fleet(*([0] * num_replicas))
+    levels = LoadLevels(num_replicas)
+    live = LiveViews(replicas, levels)
+    for i, (session, leave) in enumerate(placements):
+        choice = live_router.choose(spec(i, session_id=session), live, 0.0)
+        assert choice == plain_router.choose(spec(i, session_id=session), tuple(replicas), 0.0)
+        replicas[choice].num_running += 1
+        levels.set(choice, replicas[choice].load)
+        gone = (choice + leave) % num_replicas  # a request ends somewhere now and then
+        if leave and replicas[gone].num_running:
+            replicas[gone].num_running -= 1
+            levels.set(gone, replicas[gone].load)
 
 
 @settings(max_examples=25, deadline=None)
