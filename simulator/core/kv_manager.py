@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simulator.core.block_pool import NOT_PRIVATE, BlockPool
 from simulator.core.request import Request
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64  # compiled, a machine integer; plain int in Python
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +127,13 @@ class KVManager:
         if not self.enable_caching:
             return 0
         cached: dict[Any, Any] = self.pool.cached
+        if isinstance(block_hashes, tuple):  # a spec's hashes (the router asks every replica per request)
+            hashes: tuple[Any, ...] = block_hashes  # indexed: compiled, a Sequence's loop is generic iteration
+            count: i64 = len(hashes)
+            i: i64 = 0
+            while i < count and hashes[i] in cached:
+                i += 1
+            return i
         n = 0
         for block_hash in block_hashes:
             held: Any = block_hash  # an object: compiled, no unboxing and re-boxing for the lookup
