@@ -120,6 +120,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fleetsim: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if args.own_process:  # the process exits next: its shutdown need not walk what the command left
+            from simulator.collector import before_exit
+
+            before_exit()
 
 
 if __name__ == "__main__":
