@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from simulator.cli.main import main
-from simulator.collector import cycle_collector_paused, start_up
+from simulator.collector import before_exit, cycle_collector_paused, start_up
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,3 +67,14 @@ def test_the_command_line_freezes_start_up_and_keeps_one_blas_thread(tmp_path: P
     a user's own setting is kept."""
     assert _child(tmp_path / "a", None) == "True True 1"
     assert _child(tmp_path / "b", "2") == "True True 2"
+
+
+def test_before_exit_freezes_what_is_alive() -> None:
+    """What a one-command process holds at its end is out of the shutdown collection's reach."""
+    frozen = gc.get_freeze_count()
+    alive = [[i] for i in range(1000)]
+    try:
+        before_exit()
+        assert gc.get_freeze_count() >= frozen + len(alive)
+    finally:
+        gc.unfreeze()
