@@ -127,20 +127,15 @@ class KVManager:
         if not self.enable_caching:
             return 0
         cached: dict[Any, Any] = self.pool.cached
-        if isinstance(block_hashes, tuple):  # a spec's hashes (the router asks every replica per request)
-            hashes: tuple[Any, ...] = block_hashes  # indexed: compiled, a Sequence's loop is generic iteration
-            count: i64 = len(hashes)
-            i: i64 = 0
-            while i < count and hashes[i] in cached:
-                i += 1
-            return i
-        n = 0
-        for block_hash in block_hashes:
-            held: Any = block_hash  # an object: compiled, no unboxing and re-boxing for the lookup
-            if held not in cached:
-                break
-            n += 1
-        return n
+        # A tuple (a spec's hashes, as the router passes them), indexed: compiled, a loop over a Sequence is
+        # generic iteration (sessions+prefix-aware, 10,000 requests: 6.46 -> 5.59 G instructions). The hashes
+        # stay objects: no unboxing and re-boxing for the lookups.
+        hashes: tuple[Any, ...] = block_hashes if isinstance(block_hashes, tuple) else tuple(block_hashes)
+        count: i64 = len(hashes)
+        i: i64 = 0
+        while i < count and hashes[i] in cached:
+            i += 1
+        return i
 
     def num_blocks_needed(self, request: Request, num_new_tokens: int, num_hit_blocks: int = 0,
                           reserve_tokens: int = 0) -> int:
@@ -230,21 +225,15 @@ class KVManager:
         starts one, then the blocks full of known tokens indexed. What a decode run does on the steps where
         a request's KV changes, without setting the request's counters to that step."""
         table = request.block_table
-        bs = self.block_size
-        if position >= len(table) * bs:
+        if position >= len(table) * self.block_size:
             self.pool.append_new_block(table)
-        if self.enable_caching:
-            known = position + 1 if position < num_tokens else num_tokens
-            num_full = min(known // bs, request.num_hashed_blocks)
-            start = request.num_indexed_blocks
-            if num_full > start:
-                self.pool.cache_range(table, request.block_hashes, start, num_full, request.mark_from)
-                request.num_indexed_blocks = num_full
+        self.index_known_tokens(request, position + 1 if position < num_tokens else num_tokens)
 
     def index_known_tokens(self, request: Request, num_tokens: int) -> None:
         """The blocks full of a request's first ``num_tokens`` tokens (known, their KV computed or being
-        computed) indexed, none allocated: what ``update`` indexes for a request that the next decision
-        leaves out (its last token is in flight), as a decode run applies that decision."""
+        computed) indexed, none allocated: ``append_decode_token``'s indexing, and, alone, what ``update``
+        indexes for a request that the next decision leaves out (its last token is in flight), as a decode
+        run applies that decision."""
         if self.enable_caching:
             num_full = min(num_tokens // self.block_size, request.num_hashed_blocks)
             start = request.num_indexed_blocks
