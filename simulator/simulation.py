@@ -183,11 +183,13 @@ def check_sample_grid(scenario: Scenario, workload: Workload, cost: CostModel) -
 def _settle_cut_runs(fleet: FleetRun) -> None:
     """A decode run the horizon cut leaves its requests' token counters where the run began (the core moves
     them once, at the run's end): move them to the steps that ended before the horizon, where the
-    step-by-step path leaves them (its step in progress at the horizon never ends)."""
+    step-by-step path leaves them (its step in progress at the horizon never ends), and withdraw the first
+    tokens a run logged ahead for a first step that had not ended."""
     for replica in fleet.replicas:
         active = replica._run_state
         if active is not None:
             active.run.set_counters(active.ends.ended_before(fleet.end_s))
+            active.withdraw_first_tokens(fleet.end_s)
 
 
 def handoff_counts(replicas: list[Replica]) -> dict[int, int]:

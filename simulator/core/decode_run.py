@@ -19,7 +19,10 @@ decisions (``steady_async_steps``): its last decision leaves them out, as the sc
 whose last token is in flight, and ``finish`` delivers those tokens and finishes them, as that step's
 ``update`` would; one ``update`` and one decision per finish fewer than handing that step back and
 running it on its own (a simulated day's events -13 %). The step its last decision scheduled is handed
-back (``in_flight_plan``) to start as the run ends, as the queued step does.
+back (``in_flight_plan``) to start as the run ends, as the queued step does. The first step may also be a
+queued step of prompts that all sample (``steady_async_steps(prompts=True)``): every request then has one
+token in flight as after a decode, so the run applies that step's update as a decode's (its caller prices
+the step and reports its first tokens).
 
 Standard library only.
 """

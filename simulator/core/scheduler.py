@@ -414,7 +414,7 @@ class Scheduler:
                 high = mid - 1
         return low if low >= 2 else 0
 
-    def steady_async_steps(self, queued: StepPlan) -> int:
+    def steady_async_steps(self, queued: StepPlan, prompts: bool = False) -> int:
         """Async scheduling's ``steady_decode_steps``: with ``queued`` (scheduled, to run next) a decode of
         every running request, the steps from it on (it included) that are all such decodes, scheduled
         before anything can change the batch, and one more: through the one sampling the first request's
@@ -422,15 +422,33 @@ class Scheduler:
         holds the blocks of every decision; else up to that step, which is then the one more. 0 when fewer
         than 3 (no event saved).
 
+        With ``prompts``, ``queued`` may also hold prompt rows (admitted now, or a last chunk), as long as
+        every row samples a token: every running request, in running order, then has one token in flight
+        after it, as after a decode, and the decodes after it are counted the same way (the caller prices
+        that first step apart and reports its first tokens).
+
         The simulator runs all but the last as one run (``DecodeRun``), which finishes the requests whose
         last token its last step sampled and hands the last step back, queued: it starts as the run ends.
         An arrival the scheduler would try to admit cuts the run short."""
-        n = len(self.running)
-        if not n or len(queued.requests) != n or queued.admitted_ids or queued.preempted_ids:
+        running = self.running
+        n = len(running)
+        if not n or len(queued.requests) != n or queued.preempted_ids:
             return 0
-        for num_new in queued.num_new_tokens:  # one token each (a loop: compiled, ``sum`` is a builtin looked up)
-            if num_new != 1:
+        decodes = not queued.admitted_ids
+        if decodes:
+            for num_new in queued.num_new_tokens:  # a loop: compiled, ``sum`` is a builtin looked up
+                if num_new != 1:
+                    decodes = False
+                    break
+        if not decodes:
+            sampled = queued.sampled
+            if (not prompts or sampled is None or queued.swapped_in or queued.swapped_out
+                    or queued.loads is not None):
                 return 0
+            rows = queued.requests
+            for index in range(n):
+                if not sampled[index] or rows[index] is not running[index]:
+                    return 0  # a chunk short of its prompt's end, or rows not in running order
         return self.steady_async_batch()
 
     def steady_async_batch(self) -> int:

@@ -331,10 +331,12 @@ class StepEnds:
     after a few of its planned steps costs those few additions, and no list of floats is built at all.
 
     Steps are numbered from 1; ``start`` is the run's start (the end of "step 0") and ``last_end`` the end
-    of its last planned step. A replica reuses one object from run to run (``reset``)."""
+    of its last planned step. A run may begin with a step of its own, priced apart (a prefill step the
+    decodes follow: ``reset``'s ``first_s``); the decodes then run from its end. A replica reuses one
+    object from run to run (``reset``)."""
 
-    __slots__ = ("_attn", "_base", "_ctx", "_ctx_start", "_factor", "_host", "_j", "_k", "_overlap",
-                 "_prev_t", "_step_ctx", "_t", "last_end", "num_steps", "start")
+    __slots__ = ("_attn", "_base", "_ctx", "_ctx_start", "_factor", "_first_end", "_host", "_j", "_j_start", "_k",
+                 "_overlap", "_prev_t", "_step_ctx", "_t", "last_end", "num_steps", "start")
 
     def __init__(self) -> None:
         self.num_steps: i64 = 0
@@ -354,12 +356,23 @@ class StepEnds:
         self._attn = 0.0
         self._factor = 1.0
         self._overlap = False
+        self._j_start: i64 = 0
+        """Where the walk starts over: 0, or 1 when step 1 is a step of its own (ending at ``_first_end``)."""
+        self._first_end = 0.0
 
-    def reset(self, model: CostModel, batch: int, ctx_sum_start: int, num_steps: int, start_s: float) -> None:
+    def reset(self, model: CostModel, batch: int, ctx_sum_start: int, num_steps: int, start_s: float,
+              first_s: float = -1.0) -> None:
         """``num_steps`` decode-only steps of ``batch`` sequences from ``start_s``, the first with context sum
-        ``ctx_sum_start``, each later one ``batch`` more (as ``decode_times``)."""
+        ``ctx_sum_start``, each later one ``batch`` more (as ``decode_times``). With ``first_s`` >= 0 (and
+        ``num_steps`` >= 1), step 1 is a step of its own taking ``first_s`` (ending at ``start_s +
+        first_s``, as a step-by-step clock adds it) and the decodes from step 2 on are as above."""
         self.num_steps = num_steps
         self.start = start_s
+        if first_s >= 0.0 and num_steps >= 1:
+            self._j_start = 1
+            self._first_end = start_s + first_s
+        else:
+            self._j_start = 0
         self._ctx_start = float(ctx_sum_start)  # whole numbers: exact in a double, as float(int) of each sum
         if batch > 0:
             self._base, self._host = model.decode_base_host(batch)
@@ -378,9 +391,15 @@ class StepEnds:
         self._rewind()  # questions begin at the run's start
 
     def _rewind(self) -> None:
-        self._j = 0
-        self._t = self._prev_t = self.start
-        self._ctx = self._ctx_start
+        self._prev_t = self.start
+        if self._j_start:
+            self._j = 1
+            self._t = self._first_end
+            self._ctx = self._ctx_start + self._step_ctx  # the decodes' context sums go on from step 2's
+        else:
+            self._j = 0
+            self._t = self.start
+            self._ctx = self._ctx_start
 
     def _walk(self, target: int, bound: float, strict: bool) -> int:
         """Move the cursor on to step ``target`` at most, stopping before the first step that ends after
@@ -419,6 +438,8 @@ class StepEnds:
         target: i64 = step
         if target == self.num_steps and target > 0:
             return self.last_end  # worked out by ``reset``: no second walk for the run's last step
+        if target == 0:
+            return self.start
         if target <= self._j:
             if target == self._j:
                 return self._t
@@ -438,6 +459,8 @@ class StepEnds:
             if self._prev_t <= now:
                 return self._j - 1
             self._rewind()
+            if not self._t <= now:
+                return 0  # before the end of the walk's first step (a step of its own)
         return self._walk(self.num_steps, now, False)
 
     def ended_before(self, t: float) -> int:
@@ -450,6 +473,8 @@ class StepEnds:
             if self._prev_t < t:
                 return self._j - 1
             self._rewind()
+            if not self._t < t:
+                return 0
         return self._walk(self.num_steps, t, True)
 
 

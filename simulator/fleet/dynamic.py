@@ -376,12 +376,15 @@ class DynamicFleet:
         q = self.setup.autoscaling.percentile if self.setup.autoscaling is not None else 90.0
         if last > first and self._latency:
             arrived = arrivals[first:last]
+            # Only tokens the clients have by now count: a time logged ahead of now (a network latency still
+            # to pass, or a decode run's first step not yet ended) is not observed yet.
             first_token = self.log.first_token_s[first:last]
-            waited = np.where(np.isnan(first_token), now - arrived, first_token - arrived)
+            seen = first_token <= now  # NaN compares false: no first token
+            waited = np.where(seen, first_token - arrived, now - arrived)
             ttft_ms = percentile(waited, q) * 1e3
             finish = self.log.finish_s[first:last]
             outputs = workload.output_tokens[first:last]
-            done = ~np.isnan(finish) & (outputs > 1) & ~np.isnan(first_token)
+            done = (finish <= now) & (outputs > 1) & seen
             if done.any():
                 tpot = (finish[done] - first_token[done]) / (outputs[done] - 1)
                 tpot_ms = percentile(tpot, q) * 1e3

@@ -261,9 +261,12 @@ class Replica:
             return
         self._start(plan)
 
-    def _start_run(self, num_steps: int) -> None:
+    def _start_run(self, num_steps: int, first: StepPlan | None = None) -> None:
         """Start a decode run of ``num_steps`` steps (async: decisions, each scheduling the step after the
-        one in flight) now; its end event is its last step's end."""
+        one in flight) now; its end event is its last step's end. ``first``: async, the queued step the run
+        begins with (``steady_async_steps``), which may hold prompts: priced as ``_start`` prices a step,
+        and its first tokens logged now, for when it ends (the run applies its update as a decode's: every
+        row samples a token)."""
         scheduler = self.scheduler
         active = self._run
         if active is None:
@@ -273,13 +276,38 @@ class Replica:
             run = active.run
             run.restart(num_steps)
         start = self.clock.now()
+        active.restart(self._cut_possible and run.batch < self._max_num_seqs)
+        first_s = -1.0
+        if first is not None:
+            first_s = self._first_step(first, start, active)
         # Step end times accumulated one addition at a time from now, as the step-by-step
         # clock does (worked out as they are asked for).
-        active.ends.reset(self.cost_model, run.batch, run.ctx_sum_start, num_steps, start)
-        active.restart(self._cut_possible and run.batch < self._max_num_seqs)
+        active.ends.reset(self.cost_model, run.batch, run.ctx_sum_start, num_steps, start, first_s)
         self._run_state = active
         active.advance(start)  # the first step is scheduled now
         self._event = self.clock.at(active.ends.last_end, self._run_end_callbacks, self._event)
+
+    def _first_step(self, plan: StepPlan, start: float, active: _ActiveRun) -> float:
+        """A run's first step, queued (``_start_run``): what ``_start`` does for it (admissions logged, its
+        time, its prompt tokens counted), and the first tokens it samples logged for its end, as
+        ``_on_step_end`` would log them (``_ActiveRun.first_tokens`` keeps them, for a horizon that falls
+        before that end). Returns its time."""
+        admitted = plan.admitted_ids
+        log = self.log
+        if admitted:
+            for rid in admitted:
+                log.on_scheduled(rid, start)
+        seqs, tokens, decodes, decode_ctx, prefill_tokens, pairs, swap = shape_fields(plan)
+        step_s = self.cost_model.time_of(seqs, tokens, decodes, decode_ctx, prefill_tokens, pairs, swap)
+        self.num_prefill_tokens += prefill_tokens
+        delivered = (start + step_s) + self.network_latency_s
+        rows = plan.requests
+        for index in range(len(rows)):
+            request = rows[index]
+            # Every row samples (``steady_async_steps``): a row with no output yet samples its first token.
+            if request.num_output_tokens == 0 and log.on_first_token(request.request_id, delivered):
+                active.first_tokens.append(request.request_id)
+        return step_s
 
     def _next_async(self) -> None:
         """Async scheduling (vLLM's batch queue of two): start the step scheduled when the last one started
@@ -291,14 +319,21 @@ class Replica:
         last of them, K, without the requests whose last token step K - 1 samples), a decode run makes those
         K - 1 decisions, ends when step K - 1 does, and hands step K back as the queued step, which starts
         then (``_hand_back``; another run behind it, often): the same decisions at the same instants as step
-        by step."""
+        by step. The queued step may also hold prompts, all sampling their first tokens (the step after an
+        arrival): the run begins with it (``_first_step``), one event and one step-by-step decision fewer
+        per arrival."""
         scheduler = self.scheduler
         plan = self._queued
         self._queued = None
         if plan is not None and self.fast_path:
-            num_steps = scheduler.steady_async_steps(plan)
+            # A run may begin with a step holding prompts (the usual one after an arrival) where nothing but
+            # the core decides what happens at its end: not with KV tiers (its loads), speculation (its
+            # acceptance) or disaggregation (its prompts leave, or offers retry, after every step).
+            prompts = (self._spec is None and self.tier_timing is None and self.on_prefilled is None
+                       and self.on_step_ended is None)
+            num_steps = scheduler.steady_async_steps(plan, prompts)
             if num_steps:
-                self._start_run(num_steps - 1)
+                self._start_run(num_steps - 1, plan)
                 return
         if plan is None:
             if not scheduler.has_work:
@@ -436,7 +471,7 @@ class _ActiveRun:
     the series when it ends, so a step is applied once its start has passed and sampled at its end.
     """
 
-    __slots__ = ("cut", "cut_on_arrival", "ends", "num_sampled", "replica", "run", "start")
+    __slots__ = ("cut", "cut_on_arrival", "ends", "first_tokens", "num_sampled", "replica", "run", "start")
 
     def __init__(self, replica: Replica, run: DecodeRun) -> None:
         self.replica = replica
@@ -446,12 +481,25 @@ class _ActiveRun:
         self.cut_on_arrival = False
         self.cut = False
         self.num_sampled = 0
+        self.first_tokens: list[int] = []
+        """Requests whose first token the run's first step samples, logged when it began (for its end)."""
 
     def restart(self, cut_on_arrival: bool) -> None:
-        """Track a new run of ``run`` and ``ends`` (both restarted by the caller)."""
+        """Track a new run of ``run`` (restarted by the caller; ``ends`` is reset after this)."""
         self.cut_on_arrival = cut_on_arrival
         self.cut = False
         self.num_sampled = 0
+        if self.first_tokens:
+            self.first_tokens.clear()
+
+    def withdraw_first_tokens(self, end_s: float) -> None:
+        """The clock stopped at ``end_s`` (a horizon) before the run's first step ended: the first tokens
+        logged for that end were never sampled (the step-by-step path logs them as the step ends)."""
+        if self.first_tokens and self.ends.ended_before(end_s) < 1:
+            log = self.replica.log
+            for rid in self.first_tokens:
+                log.withdraw_first_token(rid)
+            self.first_tokens.clear()
 
     def cut_at(self, now: float) -> None:
         """An arrival during step j: step j completes, then the scheduler sees the new request. The run

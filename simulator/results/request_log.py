@@ -175,11 +175,20 @@ class RequestLog:
         if math.isnan(self._first_scheduled[rid]):
             self._first_scheduled[rid] = t
 
-    def on_first_token(self, rid: int, t: float) -> None:
+    def on_first_token(self, rid: int, t: float) -> bool:
         """First token delivered to the client (network latency already added by the caller). Only the
-        first call counts: a recompute after preemption does not deliver the first token again."""
+        first call counts: a recompute after preemption does not deliver the first token again. Returns
+        whether this call recorded it."""
         if math.isnan(self._first_token[rid]):
             self._first_token[rid] = t
+            return True
+        return False
+
+    def withdraw_first_token(self, rid: int) -> None:
+        """Undo the ``on_first_token`` that recorded ``rid``'s first token: it was logged ahead, for the end of
+        a step the clock stopped before (``Replica``'s decode runs log a first step's first tokens as it
+        begins)."""
+        self._first_token[rid] = math.nan
 
     def on_finish(self, rid: int, t: float, cached_tokens: int, preemptions: int, produced: int = -1) -> None:
         """Last token delivered at ``t``; ``cached_tokens`` prompt tokens came from the prefix cache;

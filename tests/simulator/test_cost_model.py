@@ -179,21 +179,28 @@ _query = st.one_of(
     overlap=st.booleans(),
     queries=st.lists(_query, max_size=30),
     reuse=st.booleans(),
+    first=st.one_of(st.none(), st.floats(0.0, 0.05), st.just(0.0)),
 )
 def test_step_ends_answer_as_the_list_of_ends_would(
-    batch: int, ctx: int, steps: int, overlap: bool, queries: list[tuple[str, float]], reuse: bool
+    batch: int, ctx: int, steps: int, overlap: bool, queries: list[tuple[str, float]], reuse: bool,
+    first: float | None,
 ) -> None:
     """Questions in any order (the walk moves forward, steps back one, or starts over) get the answers the
     full list of ends gives: the same floats, and bisect's counts, ties included (an empty batch's steps
-    all end at the start)."""
+    all end at the start). With a first step of its own (``first``: its time), the decodes follow from
+    its end, their context sums from the second step's."""
     model = CostModel(_profile(overlap_host=overlap))
     start = 0.25
-    ends = model.decode_step_ends(batch, ctx, steps, start)
+    if first is not None and steps:
+        first_end = start + first
+        ends = [first_end, *model.decode_step_ends(batch, ctx + batch, steps - 1, first_end)]
+    else:
+        ends = model.decode_step_ends(batch, ctx, steps, start)
     walker = StepEnds()
-    if reuse:  # a replica's object, reset from an earlier run
-        walker.reset(model, batch + 3, ctx + 7, steps + 5, 0.0)
+    if reuse:  # a replica's object, reset from an earlier run (with or without a first step of its own)
+        walker.reset(model, batch + 3, ctx + 7, steps + 5, 0.0, -1.0 if first is not None else 0.01)
         walker.ended_by(0.5)
-    walker.reset(model, batch, ctx, steps, start)
+    walker.reset(model, batch, ctx, steps, start, -1.0 if first is None else first)
     assert walker.last_end == (ends[-1] if ends else start)
     scale = ends[-1] - start if ends and ends[-1] > start else 1.0
     for kind, value in queries:

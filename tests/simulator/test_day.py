@@ -293,6 +293,28 @@ def test_the_compiled_dispatch_routes_as_the_fleet_itself(monkeypatch: pytest.Mo
         np.testing.assert_array_equal(getattr(fast.requests, name), getattr(slow.requests, name), err_msg=name)
 
 
+@pytest.mark.parametrize("latency", [0.0, 0.05])
+def test_an_slo_autoscaler_sees_what_the_step_by_step_path_shows_it(latency: float) -> None:
+    """The SLO policy reads first tokens and finishes off the request log as the clock goes; a decode run logs
+    its first step's first tokens as the step begins, so an observation must count only what has reached the
+    clients by then (as with a network latency still to pass). Fast path and step by step: the same
+    observations, decisions and request log. Fails when observations count times logged ahead of now."""
+    overrides = [
+        "workload.duration_s=900", "workload.arrival.period_s=900", "workload.arrival.peak_at_s=450",
+        "fleet.replicas=1", f"network.latency_ms={latency * 1000:g}",
+        "autoscaling={policy: slo, max_replicas: 6, ttft_target_ms: 60, interval_s: 5, window_s: 10}",
+        "failures={crashes: [{at_s: 500, replica: 0}], max_retries: 1, detection_s: 5}",
+    ]
+    fast = simulate(overrides)
+    slow = simulate([*overrides, "simulation.fast_path=false"])
+    assert fast.day is not None and slow.day is not None
+    assert fast.day.log.decisions == slow.day.log.decisions
+    assert fast.day.log.counts == slow.day.log.counts
+    assert len({decision[2] for decision in fast.day.log.decisions}) > 2  # it scaled, up and down
+    for name in REQUEST_COLUMNS:
+        np.testing.assert_array_equal(getattr(fast.requests, name), getattr(slow.requests, name), err_msg=name)
+
+
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(crash_times=st.lists(st.floats(0, 590), min_size=1, max_size=4), node_at=st.floats(0, 590),
        horizon=st.booleans(), retries=st.integers(0, 2), policy=st.sampled_from(["none", "concurrency", "slo"]))

@@ -119,12 +119,13 @@ def test_long_runs_without_the_prefix_cache_hand_out_the_blocks_single_steps_do(
 
 
 def _drive_async(config: SchedulerConfig, specs: list[RequestSpec], fast: bool,
-                 probes: tuple[int, ...]) -> dict[int, tuple[object, ...]]:
+                 probes: tuple[int, ...], prompts: bool = False) -> dict[int, tuple[object, ...]]:
     """Async scheduling as a replica drives it, step boundary by step boundary: the step in flight is
     updated, the queued step starts, and the one after it is scheduled. State after each boundary, keyed by
     steps scheduled; on the fast path a decode run replaces the boundaries inside it, finishes the requests
     its last step sampled the last token of, and hands back the step its last decision scheduled, queued:
-    it starts now (or another run does, behind it)."""
+    it starts now (or another run does, behind it). ``prompts``: a run may begin with a queued step holding
+    prompts (every row sampling), whose update the run applies as a decode's."""
     sched = Scheduler(config)
     for spec in specs:
         sched.add_request(spec)
@@ -140,7 +141,7 @@ def _drive_async(config: SchedulerConfig, specs: list[RequestSpec], fast: bool,
             sched.update(in_flight)
             in_flight = None
         while fast and queued is not None:
-            k = sched.steady_async_steps(queued)
+            k = sched.steady_async_steps(queued, prompts)
             if not k:
                 break
             if run is None:
@@ -172,13 +173,15 @@ def _drive_async(config: SchedulerConfig, specs: list[RequestSpec], fast: bool,
     max_num_seqs=st.integers(1, 12),
     reqs=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 60), st.integers(0, 2)), min_size=1, max_size=20),
     probes=st.lists(st.integers(0, 100), max_size=6).map(lambda p: tuple(sorted(p))),
+    prompts=st.booleans(),
 )
 def test_async_decode_runs_reach_the_same_state_as_single_steps(
     block_size: int, num_blocks: int, kv_policy: KVPolicy, caching: bool, max_num_seqs: int,
-    reqs: list[tuple[int, int, int]], probes: tuple[int, ...],
+    reqs: list[tuple[int, int, int]], probes: tuple[int, ...], prompts: bool,
 ) -> None:
     """Async scheduling: a decode run's decisions allocate the blocks, index the hashes and evict what
-    step-by-step async scheduling would, and hand back the same step in flight."""
+    step-by-step async scheduling would, and hand back the same step in flight; also a run beginning with a
+    queued step of prompts (``prompts``), whose update it applies."""
     config = SchedulerConfig(num_blocks=num_blocks, block_size=block_size, kv_policy=kv_policy,
                              enable_prefix_caching=caching, max_num_seqs=max_num_seqs, max_model_len=128,
                              max_num_batched_tokens=64, async_scheduling=True)
@@ -187,7 +190,7 @@ def test_async_decode_runs_reach_the_same_state_as_single_steps(
         for i, (p, o, f) in enumerate(reqs)
     ]
     slow = _drive_async(config, specs, fast=False, probes=())
-    fast = _drive_async(config, specs, fast=True, probes=probes)
+    fast = _drive_async(config, specs, fast=True, probes=probes, prompts=prompts)
     assert max(fast) == max(slow)
     for steps, state in fast.items():
         assert state == slow[steps], f"state differs after {steps} steps"
@@ -208,6 +211,27 @@ def test_an_async_run_starts_behind_a_queued_decode_of_the_whole_batch() -> None
     assert sched.steady_async_steps(decode) == 20
     sched.add_request(RequestSpec(1, 0.0, 10, 5))
     assert sched.steady_async_steps(decode) == 0  # the next decision would admit it
+
+
+def test_an_async_run_may_begin_with_a_queued_step_of_prompts_that_all_sample() -> None:
+    config = SchedulerConfig(num_blocks=64, block_size=4, max_num_seqs=3, max_num_batched_tokens=12,
+                             async_scheduling=True)
+    sched = Scheduler(config)
+    sched.add_request(RequestSpec(0, 0.0, 10, 20))
+    first = sched.schedule()  # the whole prompt: it samples its first token
+    assert sched.steady_async_steps(first) == 0  # not a decode of the batch
+    assert sched.steady_async_steps(first, prompts=True) == 21  # 20 tokens: the run's last decision leaves it out
+    sched.add_request(RequestSpec(1, 0.0, 10, 30))
+    following = sched.schedule()  # the decode and 11 of the 10-token prompt's budget: whole, it samples
+    assert following.admitted_ids == [1] and following.sampled == [True, True]
+    assert sched.steady_async_steps(following, prompts=True) == 0  # request 0's token is still in flight
+    sched.update(first)
+    assert sched.steady_async_steps(following, prompts=True) == 20
+    sched.add_request(RequestSpec(2, 0.0, 20, 5))
+    sched.update(following)
+    chunk = sched.schedule()  # two decodes and a 10-token chunk of a 20-token prompt: it does not sample
+    assert chunk.sampled == [True, True, False]
+    assert sched.steady_async_steps(chunk, prompts=True) == 0
 
 
 def test_an_async_run_finishes_the_requests_its_last_step_samples_the_last_token_of() -> None:
