@@ -190,7 +190,13 @@ class OracleAutoscaler:
         # A replica asked for now serves from one cold start on, but one stopped now is gone at once: hold
         # what the busiest window from now to a cold start and one decision ahead needs.
         window = self._window_s
-        starts = now_s + np.arange(0.0, self._lead_s + self._interval_s + window / 2, window / 2)
+        # Windows starting after the last arrival hold none: the grid stops there (a cold start of years
+        # would otherwise make an array of billions of windows, every decision).
+        ahead = self._lead_s + self._interval_s
+        arrivals = self._arrivals
+        if len(arrivals):
+            ahead = min(ahead, max(0.0, float(arrivals[-1]) - now_s))
+        starts = now_s + np.arange(0.0, ahead + window / 2, window / 2)
         counts = np.searchsorted(self._arrivals, starts + window) - np.searchsorted(self._arrivals, starts)
         rate = float(counts.max()) / window
         return max(1, math.ceil(rate / self._rps)), f"{rate:.1f} rps ahead"

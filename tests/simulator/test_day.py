@@ -192,6 +192,17 @@ def test_oracle_sizes_for_the_load_one_cold_start_ahead() -> None:
     assert oracle.desired(observation(), 9, 1100)[0] == 3
 
 
+@pytest.mark.parametrize("lead_s", [3e3, 5e16, 3.5e19])
+def test_the_oracle_looks_no_further_than_the_last_arrival(lead_s: float) -> None:
+    """A cold start longer than the workload (found by the scenario fuzzer: 5e16 s asked for 12 PiB, a mere
+    1e9 s hung a run) sizes for the busiest window up to the last arrival; after it, one replica."""
+    arrivals = np.concatenate([np.arange(0, 1000, 0.1), np.arange(1000, 2000, 0.025)])  # 10 then 40 rps
+    oracle = OracleAutoscaler(arrivals_s=arrivals, rps_per_replica=4.5, lead_s=lead_s, window_s=60, interval_s=15)
+    assert oracle.desired(observation(), 1, 0)[0] == 9
+    assert oracle.desired(observation(), 1, 1990)[0] == 2  # 10 s of 40 rps left in a 60 s window: ceil(400 / 60 / 4.5)
+    assert oracle.desired(observation(), 1, 5000)[0] == 1
+
+
 def test_every_policy_runs_and_logs_its_decisions() -> None:
     policies = {
         "slo": ["autoscaling={policy: slo, max_replicas: 6, ttft_target_ms: 40}"],
