@@ -451,6 +451,12 @@ class Scheduler:
                     return 0  # a chunk short of its prompt's end, or rows not in running order
         return self.steady_async_batch()
 
+    def admits_next(self) -> bool:
+        """Async scheduling, at a decode run's cut: the next decision tries to admit the head of the queue
+        (requests wait, a seat is free and the KV could take it), so ``steady_async_batch`` is 0 and the
+        step handed back runs on its own, the decision after it a ``schedule``."""
+        return bool(self.waiting) and len(self.running) < self.config.max_num_seqs and not self._admission_blocked()
+
     def steady_async_batch(self) -> int:
         """``steady_async_steps`` of a queued decode of every running request (known to be one: the step a
         decode run hands back), without the plan."""

@@ -131,7 +131,11 @@ class Clock:
         event this way rather than leaving it on the queue as a no-op, so the queue stays as short as the
         replicas' live events. At the same time, the old event becomes a no-op and a new one is made."""
         queue = self._queue
-        for pos in range(len(queue)):
+        # From the back: the events moved are decode runs' ends, later than most on the queue, so they sit
+        # deep in the heap (a heap keeps half its entries in the last level).
+        pos: i64 = len(queue)
+        while pos > 0:
+            pos -= 1
             entry = queue[pos]
             if entry[3] is event:
                 old_at: float = entry[0]

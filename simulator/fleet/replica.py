@@ -20,11 +20,13 @@ process's resume bookkeeping per step — on the simulator's hottest path.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from typing import Final
 
 import simpy
 
-from simulator.core.config import Batching, SchedulerConfig
+from simulator.core.config import Batching, QueuePolicy, SchedulerConfig
 from simulator.core.decode_run import DecodeRun
 from simulator.core.kv_transfer import KVReceiver, KVSender, Reservation
 from simulator.core.request import Request, RequestSpec, RequestStatus
@@ -95,6 +97,7 @@ class Replica:
         """The step in flight on the step-by-step path, and its time."""
         self._step_s = 0.0
         self._async = config.async_scheduling
+        self._fcfs_async = config.async_scheduling and config.queue_policy is QueuePolicy.FCFS
         self._spec = config.speculation
         """Speculative decoding: steps priced with their drafting, acceptance drawn (``core.speculation``)."""
         self._queued: StepPlan | None = None
@@ -115,10 +118,12 @@ class Replica:
 
     @property
     def num_running(self) -> int:
+        self.sync()  # a cut run's tail admits at its settling time (``_settle``)
         return len(self.scheduler.running)
 
     @property
     def num_waiting(self) -> int:
+        self.sync()
         return self.scheduler.num_waiting
 
     @property
@@ -143,7 +148,11 @@ class Replica:
         replica sees exactly the state the step-by-step path would have."""
         active = self._run_state
         if active is not None:
-            active.advance(self.clock.now())
+            now = self.clock.now()
+            if now >= active.settle_s:
+                self._settle(active)
+            else:
+                active.advance(now)
 
     # ----- work ------------------------------------------------------------------------------------
 
@@ -424,9 +433,14 @@ class Replica:
         self._next()
 
     def _on_run_end(self, event: object) -> None:
-        """A decode run (possibly cut) reached its last step's end: apply it, log what finished, go on."""
+        """A decode run (possibly cut) reached its last step's end: apply it, log what finished, go on. A
+        cut run with a tail: the step handed back at the cut's step end ends now (``_settle``)."""
         active = self._run_state
-        assert active is not None
+        if active is None or active.settle_s != _NO_TAIL:
+            if active is not None:
+                self._settle(active)
+            self._on_step_end(event)  # (settled before, by a sync)
+            return
         k = active.run.num_steps
         end = active.ends.end(k)
         finished = active.close()
@@ -447,6 +461,47 @@ class Replica:
             self._hand_back(active.run)
             return
         self._next()
+
+    def _tail_ok(self) -> bool:
+        """A decode run cut by an arrival may keep the step it hands back (``_ActiveRun.cut_at``): async, the
+        next decision admitting (so that step runs on its own), and nothing but the core acting at step
+        ends (no KV tiers, speculation or disaggregation). First come, first served: the head of the queue,
+        and so whether the decision admits, stays as it is until the cut's step ends (a later arrival with
+        a higher priority could take the head, and a run might start there instead)."""
+        return (self._fcfs_async and self._spec is None and self.tier_timing is None and self.on_prefilled is None
+                and self.on_step_ended is None and self.scheduler.admits_next())
+
+    def _settle(self, active: _ActiveRun) -> None:
+        """A cut run's tail (``_ActiveRun.cut_at``): what its end event would have done at ``settle_s`` —
+        the run applied and closed, the step it hands back started (its end event is the run's, moved there
+        by the cut) and the one after it scheduled — done when the replica is first looked at from then on,
+        or as that step ends. Nothing of it is seen from outside before: the step started logs nothing, and
+        everything that reads the replica syncs first."""
+        run = active.run
+        k = run.num_steps
+        end = active.settle_s
+        finished = active.close()
+        self._run_state = None
+        if finished:
+            self._publish_load()
+            delivered = end + self.network_latency_s
+            log = self.log
+            for request in finished:
+                log.on_finish(request.request_id, delivered, request.num_cached_tokens, request.num_preemptions,
+                              request.num_output_tokens)
+        self.num_steps += k
+        self.num_fast_steps += k
+        self.busy_s += end - active.ends.start
+        if self.scheduler.steady_async_batch():
+            raise RuntimeError(f"replica {self.replica_id}: a cut run's tail where a run would start")
+        plan = run.in_flight_plan()
+        seqs, tokens, decodes, decode_ctx, prefill_tokens, pairs, swap = shape_fields(plan)
+        step_s = self.cost_model.time_of(seqs, tokens, decodes, decode_ctx, prefill_tokens, pairs, swap)
+        if end + step_s != active.ends.end(k + 1):
+            raise RuntimeError(f"replica {self.replica_id}: a cut run's tail ends off its step's end")
+        self._plan = plan
+        self._step_s = step_s
+        self._schedule_following()
 
     def _hand_back(self, run: DecodeRun) -> None:
         """An async decode run ended: its last decision's step is the queued one, which starts now as in
@@ -471,7 +526,8 @@ class _ActiveRun:
     the series when it ends, so a step is applied once its start has passed and sampled at its end.
     """
 
-    __slots__ = ("cut", "cut_on_arrival", "ends", "first_tokens", "num_sampled", "replica", "run", "start")
+    __slots__ = ("cut", "cut_on_arrival", "ends", "first_tokens", "num_sampled", "replica", "run", "settle_s",
+                 "start")
 
     def __init__(self, replica: Replica, run: DecodeRun) -> None:
         self.replica = replica
@@ -481,6 +537,8 @@ class _ActiveRun:
         self.cut_on_arrival = False
         self.cut = False
         self.num_sampled = 0
+        self.settle_s = _NO_TAIL
+        """A cut with a tail: the run's (new) last step's end, where its end work is due (``Replica._settle``)."""
         self.first_tokens: list[int] = []
         """Requests whose first token the run's first step samples, logged when it began (for its end)."""
 
@@ -489,6 +547,7 @@ class _ActiveRun:
         self.cut_on_arrival = cut_on_arrival
         self.cut = False
         self.num_sampled = 0
+        self.settle_s = _NO_TAIL
         if self.first_tokens:
             self.first_tokens.clear()
 
@@ -504,7 +563,13 @@ class _ActiveRun:
     def cut_at(self, now: float) -> None:
         """An arrival during step j: step j completes, then the scheduler sees the new request. The run
         is truncated to j steps and its end event (the replica's pending one) moved to step j's end, in
-        place on SimPy's queue."""
+        place on SimPy's queue.
+
+        With a tail (``Replica._tail_ok``: async, the next decision admitting), the end event goes to the
+        end of step j + 1 instead: that step, the decode handed back at step j's end, runs on its own, so
+        its end is known now, and what step j's end does (close the run, start step j + 1, schedule the
+        step after it) is settled when the replica is next looked at or as step j + 1 ends — one event
+        fewer per arrival (``Replica._settle``)."""
         self.cut = True
         run = self.run
         last = min(self.ends.ended_by(now) + 1, run.num_steps)
@@ -516,7 +581,14 @@ class _ActiveRun:
         event = replica._event
         if event is None or not event.callbacks:
             raise RuntimeError("decode run cut after its end event fired")
-        replica._event = replica.clock.move_earlier(event, self.ends.end(last))
+        ends = self.ends
+        if replica._tail_ok():
+            self.settle_s = ends.end(last)
+            at = ends.end(last + 1)
+            if at < ends.last_end:  # else the handed-back step is the planned run's last: its end stands
+                replica._event = replica.clock.move_earlier(event, at)
+            return
+        replica._event = replica.clock.move_earlier(event, ends.end(last))
 
     def advance(self, now: float) -> None:
         """Apply every step of the run that has started by ``now``; sample the ones that have ended."""
@@ -569,3 +641,7 @@ class _ActiveRun:
         self.replica.series.maybe_sample(end, len(scheduler.running), scheduler.num_waiting,
                                          pool.num_used, pool.num_blocks, kv.num_hit_tokens, kv.num_lookup_tokens)
         self.num_sampled = j
+
+
+_NO_TAIL: Final = math.inf
+"""``_ActiveRun.settle_s`` of a run without a tail."""

@@ -304,16 +304,21 @@ def test_the_compiled_dispatch_routes_as_the_fleet_itself(monkeypatch: pytest.Mo
         np.testing.assert_array_equal(getattr(fast.requests, name), getattr(slow.requests, name), err_msg=name)
 
 
-@pytest.mark.parametrize("latency", [0.0, 0.05])
-def test_an_slo_autoscaler_sees_what_the_step_by_step_path_shows_it(latency: float) -> None:
+@pytest.mark.parametrize(("latency", "policy"), [
+    (0.0, "{policy: slo, max_replicas: 6, ttft_target_ms: 60, interval_s: 5, window_s: 10}"),
+    (0.05, "{policy: slo, max_replicas: 6, ttft_target_ms: 60, interval_s: 5, window_s: 10}"),
+    (0.0, "{policy: concurrency, metric: queue, target: 0.05, max_replicas: 6, interval_s: 0.5}"),
+], ids=["slo", "slo-latency", "queue"])
+def test_an_autoscaler_sees_what_the_step_by_step_path_shows_it(latency: float, policy: str) -> None:
     """The SLO policy reads first tokens and finishes off the request log as the clock goes; a decode run logs
     its first step's first tokens as the step begins, so an observation must count only what has reached the
-    clients by then (as with a network latency still to pass). Fast path and step by step: the same
-    observations, decisions and request log. Fails when observations count times logged ahead of now."""
+    clients by then (as with a network latency still to pass). The queue policy counts waiting requests, which
+    a cut run's tail admits only when it settles: reading them settles it. Fast path and step by step: the
+    same observations, decisions and request log. Fails when observations count times logged ahead of now,
+    or read a replica's waiting requests without settling it."""
     overrides = [
         "workload.duration_s=900", "workload.arrival.period_s=900", "workload.arrival.peak_at_s=450",
-        "fleet.replicas=1", f"network.latency_ms={latency * 1000:g}",
-        "autoscaling={policy: slo, max_replicas: 6, ttft_target_ms: 60, interval_s: 5, window_s: 10}",
+        "fleet.replicas=1", f"network.latency_ms={latency * 1000:g}", f"autoscaling={policy}",
         "failures={crashes: [{at_s: 500, replica: 0}], max_retries: 1, detection_s: 5}",
     ]
     fast = simulate(overrides)
