@@ -297,14 +297,26 @@ class Scheduler:
         ``AsyncScheduler._update_request_with_output``). A request preempted while the step ran still
         gets its token (vLLM delivers such stale output, leaving the reset counters alone); one aborted
         or stopped meanwhile gets nothing."""
-        finished: list[Request] = []
         sampled = plan.sampled
         assert sampled is not None
-        rows = plan.requests
+        finished = self._deliver_sampled(plan.requests, sampled, plan.num_rows(), stopped_ids)
+        for request in finished:
+            plan.note_finished(request.request_id)
+        return finished
+
+    def update_decodes(self, requests: list[Request]) -> list[Request]:
+        """``update`` of an async decode step of ``requests`` (every row sampling), without its plan: the step
+        a decode run's tail hands back (``Replica._settle``). Returns the requests that finished."""
+        return self._deliver_sampled(requests, None, len(requests), ())
+
+    def _deliver_sampled(self, rows: list[Request], sampled: list[bool] | None, num_rows: int,
+                         stopped_ids: Collection[int]) -> list[Request]:
+        """``_update_async``'s rows: each sampled row's token delivered (None: every row sampled)."""
+        finished: list[Request] = []
         any_stopped = bool(stopped_ids)
         any_running = False
-        for index in range(plan.num_rows()):
-            if not sampled[index]:
+        for index in range(num_rows):
+            if sampled is not None and not sampled[index]:
                 continue
             request = rows[index]
             status = request.status
@@ -324,7 +336,6 @@ class Scheduler:
                     request.status = RequestStatus.FINISHED
                     del self.requests[request.request_id]
                 finished.append(request)
-                plan.note_finished(request.request_id)
         if any_running:
             self._drop_finished()
         return finished

@@ -461,6 +461,7 @@ def _halt(replica: Replica) -> None:
         event.callbacks = []
     replica._run_state = None
     replica._plan = None
+    replica._tail = None
     replica._queued = None
     replica._idle = True
     replica.on_step_ended = None

@@ -94,6 +94,8 @@ class Replica:
         self._idle = True
         """Nothing scheduled: the replica waits for work (none, or none that can start)."""
         self._plan: StepPlan | None = None
+        self._tail: list[Request] | None = None
+        """A cut run's tail in flight (``_settle``): the requests of the decode step it handed back."""
         """The step in flight on the step-by-step path, and its time."""
         self._step_s = 0.0
         self._async = config.async_scheduling
@@ -439,7 +441,7 @@ class Replica:
         if active is None or active.settle_s != _NO_TAIL:
             if active is not None:
                 self._settle(active)
-            self._on_step_end(event)  # (settled before, by a sync)
+            self._on_tail_end()  # (settled before, by a sync)
             return
         k = active.run.num_steps
         end = active.ends.end(k)
@@ -494,14 +496,43 @@ class Replica:
         self.busy_s += end - active.ends.start
         if self.scheduler.steady_async_batch():
             raise RuntimeError(f"replica {self.replica_id}: a cut run's tail where a run would start")
-        plan = run.in_flight_plan()
-        seqs, tokens, decodes, decode_ctx, prefill_tokens, pairs, swap = shape_fields(plan)
-        step_s = self.cost_model.time_of(seqs, tokens, decodes, decode_ctx, prefill_tokens, pairs, swap)
+        # The step handed back, a decode of the run's requests, without its plan (``_on_tail_end``): priced as
+        # ``_start`` prices its shape (each row attends to its computed tokens, its new one included).
+        requests = run.requests  # the run's own list (it takes a new one when it restarts)
+        n = len(requests)
+        decode_ctx = 0
+        for request in requests:
+            decode_ctx += request.num_computed_tokens
+        step_s = self.cost_model.time_of(n, n, n, decode_ctx, 0, 0.0, 0)
         if end + step_s != active.ends.end(k + 1):
             raise RuntimeError(f"replica {self.replica_id}: a cut run's tail ends off its step's end")
-        self._plan = plan
+        self._tail = requests
         self._step_s = step_s
         self._schedule_following()
+
+    def _on_tail_end(self) -> None:
+        """The step a cut run's tail handed back ended: ``_on_step_end`` for a decode of ``_tail`` (its tokens
+        delivered through the core's ``update_decodes``; no first tokens: each row has sampled before)."""
+        requests = self._tail
+        assert requests is not None
+        self._tail = None
+        scheduler = self.scheduler
+        self.num_steps += 1
+        self.busy_s += self._step_s
+        finished = scheduler.update_decodes(requests)
+        now = self.clock.now()
+        if finished:
+            self._publish_load()
+            delivered = now + self.network_latency_s
+            log = self.log
+            for request in finished:
+                log.on_finish(request.request_id, delivered, request.num_cached_tokens, request.num_preemptions,
+                              request.num_output_tokens)
+        kv = scheduler.kv
+        pool = kv.pool
+        self.series.maybe_sample(now, len(scheduler.running), scheduler.num_waiting, pool.num_used,
+                                 pool.num_blocks, kv.num_hit_tokens, kv.num_lookup_tokens)
+        self._next()
 
     def _hand_back(self, run: DecodeRun) -> None:
         """An async decode run ended: its last decision's step is the queued one, which starts now as in
