@@ -303,14 +303,8 @@ class Replica:
         time, its prompt tokens counted), and the first tokens it samples logged for its end, as
         ``_on_step_end`` would log them (``_ActiveRun.first_tokens`` keeps them, for a horizon that falls
         before that end). Returns its time."""
-        admitted = plan.admitted_ids
+        step_s = self._begin_step(plan, start)
         log = self.log
-        if admitted:
-            for rid in admitted:
-                log.on_scheduled(rid, start)
-        seqs, tokens, decodes, decode_ctx, prefill_tokens, pairs, swap = shape_fields(plan)
-        step_s = self.cost_model.time_of(seqs, tokens, decodes, decode_ctx, prefill_tokens, pairs, swap)
-        self.num_prefill_tokens += prefill_tokens
         delivered = (start + step_s) + self.network_latency_s
         rows = plan.requests
         for index in range(len(rows)):
@@ -372,6 +366,13 @@ class Replica:
     def _start(self, plan: StepPlan) -> None:
         """Run ``plan`` from now: its end is one step time away."""
         start = self.clock.now()
+        step_s = self._begin_step(plan, start)
+        self._plan = plan
+        self._step_s = step_s
+        self._event = self.clock.at(start + step_s, self._step_end_callbacks, self._event)
+
+    def _begin_step(self, plan: StepPlan, start: float) -> float:
+        """A step starting at ``start``: its admissions logged, its prompt tokens counted; returns its time."""
         admitted = plan.admitted_ids
         if admitted:  # most steps admit nothing (iterating an empty sequence is a generic call compiled)
             log = self.log
@@ -385,9 +386,7 @@ class Replica:
         if self.tier_timing is not None:
             step_s = self.tier_timing(plan, start, step_s)
         self.num_prefill_tokens += prefill_tokens
-        self._plan = plan
-        self._step_s = step_s
-        self._event = self.clock.at(start + step_s, self._step_end_callbacks, self._event)
+        return step_s
 
     def _on_step_end(self, event: object) -> None:
         """One step of the step-by-step path ended: account it, log its tokens, sample, go on."""
@@ -443,10 +442,28 @@ class Replica:
                 self._settle(active)
             self._on_tail_end()  # (settled before, by a sync)
             return
+        self._close_run(active, active.ends.end(active.run.num_steps))
+        if self.on_step_ended is not None:
+            self.on_step_ended(self)
+        if self._async:
+            self._hand_back(active.run)
+            return
+        self._next()
+
+    def _close_run(self, active: _ActiveRun, end: float) -> None:
+        """Apply and close the decode run ``active`` (its last step ends at ``end``): what finished logged, the
+        replica's counters advanced by its steps."""
         k = active.run.num_steps
-        end = active.ends.end(k)
         finished = active.close()
         self._run_state = None
+        self._log_finished(finished, end)
+        self.num_steps += k
+        self.num_fast_steps += k
+        self.busy_s += end - active.ends.start
+
+    def _log_finished(self, finished: list[Request], end: float) -> None:
+        """Requests that finished in a step ending at ``end``: the fleet's load list updated, their last tokens
+        logged as delivered."""
         if finished:
             self._publish_load()
             delivered = end + self.network_latency_s
@@ -454,15 +471,6 @@ class Replica:
             for request in finished:
                 log.on_finish(request.request_id, delivered, request.num_cached_tokens, request.num_preemptions,
                               request.num_output_tokens)
-        self.num_steps += k
-        self.num_fast_steps += k
-        self.busy_s += end - active.ends.start
-        if self.on_step_ended is not None:
-            self.on_step_ended(self)
-        if self._async:
-            self._hand_back(active.run)
-            return
-        self._next()
 
     def _tail_ok(self) -> bool:
         """A decode run cut by an arrival may keep the step it hands back (``_ActiveRun.cut_at``): async, the
@@ -482,18 +490,7 @@ class Replica:
         run = active.run
         k = run.num_steps
         end = active.settle_s
-        finished = active.close()
-        self._run_state = None
-        if finished:
-            self._publish_load()
-            delivered = end + self.network_latency_s
-            log = self.log
-            for request in finished:
-                log.on_finish(request.request_id, delivered, request.num_cached_tokens, request.num_preemptions,
-                              request.num_output_tokens)
-        self.num_steps += k
-        self.num_fast_steps += k
-        self.busy_s += end - active.ends.start
+        self._close_run(active, end)
         if self.scheduler.steady_async_batch():
             raise RuntimeError(f"replica {self.replica_id}: a cut run's tail where a run would start")
         # The step handed back, a decode of the run's requests, without its plan (``_on_tail_end``): priced as
@@ -519,15 +516,8 @@ class Replica:
         scheduler = self.scheduler
         self.num_steps += 1
         self.busy_s += self._step_s
-        finished = scheduler.update_decodes(requests)
         now = self.clock.now()
-        if finished:
-            self._publish_load()
-            delivered = now + self.network_latency_s
-            log = self.log
-            for request in finished:
-                log.on_finish(request.request_id, delivered, request.num_cached_tokens, request.num_preemptions,
-                              request.num_output_tokens)
+        self._log_finished(scheduler.update_decodes(requests), now)
         kv = scheduler.kv
         pool = kv.pool
         self.series.maybe_sample(now, len(scheduler.running), scheduler.num_waiting, pool.num_used,
