@@ -180,18 +180,6 @@ def check_sample_grid(scenario: Scenario, workload: Workload, cost: CostModel) -
                           f"{MAX_SAMPLE_POINTS:,}: make the interval coarser", field="simulation.sample_interval_s")
 
 
-def _settle_cut_runs(fleet: FleetRun) -> None:
-    """A decode run the horizon cut leaves its requests' token counters where the run began (the core moves
-    them once, at the run's end): move them to the steps that ended before the horizon, where the
-    step-by-step path leaves them (its step in progress at the horizon never ends), and withdraw the first
-    tokens a run logged ahead for a first step that had not ended."""
-    for replica in fleet.replicas:
-        active = replica._run_state
-        if active is not None:
-            active.run.set_counters(active.ends.ended_before(fleet.end_s))
-            active.withdraw_first_tokens(fleet.end_s)
-
-
 def handoff_counts(replicas: list[Replica]) -> dict[int, int]:
     """Each request a decode worker holds for a KV handoff (offered and waiting for blocks, or reserved with
     its KV on the way) -> the output tokens produced for it so far: the prefill worker's count (1 once its
@@ -252,14 +240,13 @@ def replica_end(replica: Replica, handoff: Mapping[int, int] | None = None) -> R
 
 def _finish_run(scenario: Scenario, workload: Workload, fleet: FleetRun, *, name: str, check: bool,
                 client: ClientPath, failed: np.ndarray | None = None, pending: list[int] | None = None) -> None:
-    """After the clock stopped: a warm-up that measured nothing is an error, cut decode runs are settled,
-    first and last tokens moved to a buffering proxy's flushes, each request's produced tokens logged, and
+    """After the clock stopped: a warm-up that measured nothing is an error, first and last tokens moved to a
+    buffering proxy's flushes, each request's produced tokens logged, and
     (``check``) the run's invariants verified."""
     if fleet.end_s <= scenario.simulation.warmup_s:
         raise ConfigError(f"the run ended at {fleet.end_s:.4g} s, within simulation.warmup_s "
                           f"({scenario.simulation.warmup_s:.4g} s): no request is measured; shorten the warm-up",
                           field="simulation.warmup_s")
-    _settle_cut_runs(fleet)
     if client.flush_interval_s > 0:
         fleet.log.flush_deliveries(client.flush_interval_s)
     handoff = handoff_counts(fleet.replicas)

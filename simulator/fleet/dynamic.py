@@ -509,8 +509,7 @@ def run_dynamic_fleet(setup: DynamicSetup, workload: Workload, *, name: str = "b
         end_s = horizon_s
     end_s = max(end_s, 1e-9)
     for replica in fleet.replicas:
-        replica.sync()
-        replica.series.close(end_s)
+        replica.stop(end_s)  # a decode run cut by the horizon: the steps that ended count
     if inspect is not None:
         inspect(name, fleet.replicas)
     gpu_hours = sum(slot.gpu_seconds(end_s, setup.tp) for slot in fleet.slots) / 3600.0

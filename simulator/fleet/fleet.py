@@ -116,8 +116,7 @@ def replay(env: simpy.Environment, log: RequestLog, replicas: list[Replica], wor
     end_s = env.now if horizon_s is None else horizon_s
     end_s = max(end_s, 1e-9)
     for replica in replicas:
-        replica.sync()  # a decode run cut by the horizon: its steps so far count
-        replica.series.close(end_s)
+        replica.stop(end_s)  # a decode run cut by the horizon: the steps that ended count
     if inspect is not None:
         inspect(name, replicas)
     return FleetRun(log, replicas, end_s)

@@ -461,6 +461,32 @@ class Replica:
         self.num_fast_steps += k
         self.busy_s += end - active.ends.start
 
+    def stop(self, end_s: float) -> None:
+        """The clock stopped; the run ends at ``end_s``: steps that ended by now applied and sampled, the
+        series closed, and a decode run the horizon cut settled (``_stop_run``)."""
+        self.sync()
+        self.series.close(end_s)
+        self._stop_run(end_s)
+
+    def _stop_run(self, end_s: float) -> None:
+        """The clock stopped at ``end_s`` (a horizon) inside a decode run: the steps that ended before it are
+        counted (steps, busy time) and their requests' token counters moved there, where the step-by-step
+        path leaves them (its step in progress at the horizon never ends), and the first tokens the run
+        logged ahead for a first step that had not ended are withdrawn."""
+        active = self._run_state
+        if active is None:
+            return
+        ends = active.ends
+        ended = ends.ended_before(end_s)
+        if ended > active.run.num_steps:
+            ended = active.run.num_steps
+        active.run.set_counters(ended)
+        active.withdraw_first_tokens(end_s)
+        if ended > 0:
+            self.num_steps += ended
+            self.num_fast_steps += ended
+            self.busy_s += ends.end(ended) - ends.start
+
     def _log_finished(self, finished: list[Request], end: float) -> None:
         """Requests that finished in a step ending at ``end``: the fleet's load list updated, their last tokens
         logged as delivered."""
