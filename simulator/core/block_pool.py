@@ -183,7 +183,16 @@ class BlockPool:
         """How many of these blocks nobody references (prefix hits on free cached blocks: never blocks in a
         run, which nothing can find)."""
         ref = self._ref
-        return sum([1 for block_id in blocks if ref[block_id] == 0])
+        ids: list[Any] = blocks if isinstance(blocks, list) else list(blocks)  # compiled: an indexed loop
+        num: i64 = 0
+        i: i64 = 0
+        count: i64 = len(ids)
+        while i < count:
+            block_id: int = ids[i]
+            if ref[block_id] == 0:
+                num += 1
+            i += 1
+        return num
 
     def _run_blocks(self) -> set[int]:
         """The free blocks in runs (for checks)."""
@@ -571,6 +580,7 @@ class BlockPool:
         hash_of = self._hash_of
         unhashed: list[int] = []
         first = self.unhashed_first
+        queued: i64 = 0
         for held in given:
             block_id: int = held
             count = ref[block_id] - 1
@@ -580,10 +590,12 @@ class BlockPool:
                     unhashed.append(block_id)
                     continue
                 freed.append(held)
-                self._num_freed += 1
+                queued += 1
                 entries[block_id] = entries[block_id] + 1
             elif count < 0:
+                self._num_freed += queued
                 raise AssertionError(f"block {block_id} freed more often than referenced")
+        self._num_freed += queued
         if unhashed:
             # To the front, in the order freed: the first of them is handed out first (the stack's top).
             unhashed.reverse()
