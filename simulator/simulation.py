@@ -241,8 +241,8 @@ def replica_end(replica: Replica, handoff: Mapping[int, int] | None = None) -> R
 def _finish_run(scenario: Scenario, workload: Workload, fleet: FleetRun, *, name: str, check: bool,
                 client: ClientPath, failed: np.ndarray | None = None, pending: list[int] | None = None) -> None:
     """After the clock stopped: a warm-up that measured nothing is an error, first and last tokens moved to a
-    buffering proxy's flushes, each request's produced tokens logged, and
-    (``check``) the run's invariants verified."""
+    buffering proxy's flushes, each request's produced tokens logged, and (``check``) the run's invariants
+    verified. (Decode runs the horizon cut were settled as the clock stopped: ``Replica.stop``.)"""
     if fleet.end_s <= scenario.simulation.warmup_s:
         raise ConfigError(f"the run ended at {fleet.end_s:.4g} s, within simulation.warmup_s "
                           f"({scenario.simulation.warmup_s:.4g} s): no request is measured; shorten the warm-up",
