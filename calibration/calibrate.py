@@ -138,8 +138,14 @@ def engine_host_steps(model: str, tp: int, *, device: str, dtype: Any, backend: 
                              enable_prefix_caching=False, max_model_len=2048)
     engine = Engine(get_model(model, tp), config, device=device, dtype=dtype, backend=backend, seed=seed,
                     cuda_graphs=cuda_graphs)
+    # Graphs captured before any step is timed: captured on first use, each capture lands in a step's cycle
+    # time and not its device time (the H200 run of 2026-12-04 read 14.3 ms of host per step that way; the
+    # engine's own steps measured 0.3-0.9 ms).
+    max_prompt, max_output = 256, 48
+    engine.runner.capture_graphs_upto(config.max_num_seqs, max_prompt + max_output)
     for i in range(HOST_TRACE_REQUESTS):
-        engine.add_request(RequestSpec(i, 0.0, int(rng.integers(16, 257)), int(rng.integers(4, 49))))
+        engine.add_request(RequestSpec(i, 0.0, int(rng.integers(16, max_prompt + 1)),
+                                       int(rng.integers(4, max_output + 1))))
     rows: list[tuple[int, int, float, float]] = []
     while engine.has_work and len(rows) < HOST_TRACE_MAX_STEPS:
         cpu0 = time.thread_time()
@@ -209,9 +215,9 @@ def calibrate(
     check_outputs(settings, info)  # before the model loads: a CSV of other settings is refused at once
     runner = build_runner(settings)
     timings = measure_grid(settings, runner, info)
-    result, knee_fitted = fit_device_terms(settings, timings.points)
-    memory = memory_figures(settings, runner)
     graph_batch_sizes = tuple(runner.graph_batch_sizes) if settings.cuda_graphs else ()
+    result, knee_fitted = fit_device_terms(settings, timings.points, graph_max=max(graph_batch_sizes, default=0))
+    memory = memory_figures(settings, runner)
     del runner  # the engine below builds its own model and pool
     if settings.cuda:
         torch.cuda.empty_cache()
@@ -402,9 +408,11 @@ def measure_grid(settings: CalibrationSettings, runner: ModelRunner, info: RunIn
     return GridTimings(run=run, points=points, info=info, clock=Clock(info.clock))
 
 
-def fit_device_terms(settings: CalibrationSettings, points: pd.DataFrame) -> tuple[FitResult, bool]:
-    """The fit of the grid's points, and whether its knee exponent was fitted (else fixed)."""
-    from calibration.fit import fit_timings
+def fit_device_terms(settings: CalibrationSettings, points: pd.DataFrame, *,
+                     graph_max: int = 0) -> tuple[FitResult, bool]:
+    """The fit of the grid's points, and whether its knee exponent was fitted (else fixed). ``graph_max``:
+    the largest decode batch the runner replayed as a CUDA graph (0: none), for the eager floor."""
+    from calibration.fit import best_fit
     from simulator.cost.profile import list_profiles, load_profile
 
     # Roofline start when an analytic profile of this hardware/model/tp exists (GPU); else a linear guess.
@@ -414,12 +422,8 @@ def fit_device_terms(settings: CalibrationSettings, points: pd.DataFrame) -> tup
         initial = load_profile(analytic_name).device_s
     # The knee exponent is fitted only when the grid reaches the compute-bound side; both fits are
     # cross-validated the same way and the lower held-out error is kept (recorded in the source).
-    multi = settings.multi_token
-    fixed = fit_timings(points, num_folds=settings.folds, seed=settings.seed, initial=initial, multi_token=multi)
-    fitted = fit_timings(points, num_folds=settings.folds, seed=settings.seed, initial=initial, fit_knee=True,
-                         multi_token=multi)
-    knee_fitted = fitted.error.mape < fixed.error.mape
-    return (fitted if knee_fitted else fixed), knee_fitted
+    return best_fit(points, num_folds=settings.folds, seed=settings.seed, initial=initial,
+                    multi_token=settings.multi_token, graph_max=graph_max)
 
 
 def memory_figures(settings: CalibrationSettings, runner: ModelRunner) -> MemoryFigures:
@@ -499,6 +503,8 @@ def provenance_source(settings: CalibrationSettings, timings: GridTimings, resul
         f"(relative least squares, soft_l1, knee {'fitted' if knee_fitted else 'fixed'} at "
         f"p={result.device.knee_p:.3g}"
         + (f", multi-token step term m={result.device.multi_token_s * 1e3:.3g} ms" if s.multi_token else "")
+        + (f", eager floor E={result.device.eager_floor_s * 1e3:.3g} ms for steps run without a CUDA graph"
+           if result.device.eager_floor_s else "")
         + f"); held-out {err.num_folds}-fold MAPE {err.mape:.2%}, max "
         f"{err.max_error:.2%}; host terms from cycle - device time of "
         + (f"{num_engine_steps} engine steps (scheduler loop included)" if num_engine_steps is not None else
@@ -515,7 +521,7 @@ def write_outputs(settings: CalibrationSettings, timings: GridTimings, result: F
                   knee_fitted: bool) -> CalibrationOutputs:
     """Write the measured profile (its provenance hashes the timings CSV) and the measured-vs-predicted plot."""
     from calibration.fit import figure_measured_vs_predicted, save_figure, sha256_file
-    from simulator.cost.profile import Provenance
+    from simulator.cost.profile import FLEETSIM_ENGINE, Provenance
 
     info = timings.info
     profile = result.to_profile(
@@ -528,6 +534,7 @@ def write_outputs(settings: CalibrationSettings, timings: GridTimings, result: F
         host_link_Bps=measure_copy_bandwidth(settings.device),
         comm=comm,
         cuda_graph_batch_sizes=graph_batch_sizes,
+        measured_on=FLEETSIM_ENGINE,  # this project's engine: chosen by name, not as a serving engine's figures
         provenance=Provenance(
             device_name=info.device_name,
             library_versions=dict(info.library_versions),

@@ -46,7 +46,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     dev = profile.device_s
     print(f"device   a0 {dev.a0_s * 1e3:.3f} ms  W {dev.weight_s * 1e3:.3f} ms  f {dev.per_token_s * 1e6:.3f} us/tok  "
           f"k {dev.per_ctx_token_s * 1e9:.3f} ns/ctx  q {dev.per_attn_pair_s * 1e12:.3f} ps/pair  "
-          f"s {dev.per_seq_s * 1e6:.3f} us/seq  m {dev.multi_token_s * 1e3:.3f} ms  p {dev.knee_p:.3g}")
+          f"s {dev.per_seq_s * 1e6:.3f} us/seq  m {dev.multi_token_s * 1e3:.3f} ms  p {dev.knee_p:.3g}"
+          + (f"  eager floor {dev.eager_floor_s * 1e3:.3f} ms" if dev.eager_floor_s else ""))
     host = profile.host_s
     print(f"host     h0 {host.h0_s * 1e6:.1f} us  {host.per_seq_s * 1e6:.2f} us/seq  "
           f"{host.per_token_s * 1e9:.1f} ns/tok")

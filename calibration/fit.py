@@ -3,6 +3,8 @@
 Device time:  T = a0 + smoothmax(W, f·N) + k·Σctx + q·Σpairs + s·B   (relative least squares, soft_l1)
               [+ m·[N > 1] with ``multi_token``: CPU matmuls switch from matrix-vector to matrix-matrix
                kernels beyond one token, a step the linear terms cannot bend to]
+              [at least E for a step run without a CUDA graph, with ``graph_max``: its kernels launched one by
+               one from the host, which the device waits on unless its own work takes longer]
 Host time:    cycle − device = h0 + h1·B + h2·N                        (non-negative linear least squares)
 
 Rows are grid points (one measured step shape each, median over repeats). Coefficients are bounded at 0
@@ -42,7 +44,8 @@ from simulator.cost.profile import (
 from simulator.errors import ConfigError
 
 LINEAR_PARAMS: tuple[str, ...] = (
-    "a0_s", "weight_s", "per_token_s", "per_ctx_token_s", "per_attn_pair_s", "per_seq_s", "multi_token_s"
+    "a0_s", "weight_s", "per_token_s", "per_ctx_token_s", "per_attn_pair_s", "per_seq_s", "multi_token_s",
+    "eager_floor_s",
 )
 """DeviceCoefficients fitted, in the order of the parameter vector (knee_p appended when fitted)."""
 
@@ -61,10 +64,21 @@ class Features:
     num_tokens: np.ndarray
     ctx_sum: np.ndarray
     pairs: np.ndarray
+    eager: np.ndarray
+    """Rows run without a CUDA graph where the engine captures them (``graph_max`` > 0), else all False."""
 
 
-def features(df: pd.DataFrame, *, target: str = "device_s") -> Features:
-    """Columns of ``df`` as arrays; a missing column or a bad value is a ConfigError."""
+def eager_rows(num_seqs: np.ndarray, num_tokens: np.ndarray, graph_max: int) -> np.ndarray:
+    """Steps the engine cannot replay as a CUDA graph when it captures decode batches up to ``graph_max``
+    (0: no graphs, nothing flagged): a row of more than one new token, or more rows than that."""
+    if graph_max <= 0:
+        return np.zeros(len(num_seqs), dtype=bool)
+    return (num_tokens != num_seqs) | (num_seqs > graph_max)
+
+
+def features(df: pd.DataFrame, *, target: str = "device_s", graph_max: int = 0) -> Features:
+    """Columns of ``df`` as arrays; a missing column or a bad value is a ConfigError. ``graph_max``: the
+    largest decode batch replayed as a CUDA graph (0: none), which flags the eager rows."""
     missing = [c for c in (*SHAPE_COLUMNS, target) if c not in df.columns]
     if missing:
         raise ConfigError(f"timings table lacks columns: {', '.join(missing)}", field=missing[0])
@@ -74,11 +88,14 @@ def features(df: pd.DataFrame, *, target: str = "device_s") -> Features:
             raise ConfigError("values must be finite and >= 0", field=col)
     if np.any(df[target].to_numpy(dtype=np.float64) <= 0):
         raise ConfigError("step times must be > 0", field=target)
+    num_seqs = df["num_seqs"].to_numpy(dtype=np.float64)
+    num_tokens = df["num_new_tokens"].to_numpy(dtype=np.float64)
     return Features(
-        num_seqs=df["num_seqs"].to_numpy(dtype=np.float64),
-        num_tokens=df["num_new_tokens"].to_numpy(dtype=np.float64),
+        num_seqs=num_seqs,
+        num_tokens=num_tokens,
         ctx_sum=df["decode_context_sum"].to_numpy(dtype=np.float64),
         pairs=df["prefill_attention_pairs"].to_numpy(dtype=np.float64),
+        eager=eager_rows(num_seqs, num_tokens, graph_max),
     )
 
 
@@ -90,15 +107,17 @@ def _smoothmax(x: np.ndarray | float, y: np.ndarray, p: float) -> np.ndarray:
 
 
 def _predict(x: np.ndarray, p: float, feats: Features) -> np.ndarray:
-    a0, w, f, k, q, s, m = x[:7]
+    a0, w, f, k, q, s, m, e = x[:8]
     multi = m * (feats.num_tokens > 1)
-    return (a0 + _smoothmax(w, f * feats.num_tokens, p) + multi + k * feats.ctx_sum + q * feats.pairs
-            + s * feats.num_seqs)
+    t = (a0 + _smoothmax(w, f * feats.num_tokens, p) + multi + k * feats.ctx_sum + q * feats.pairs
+         + s * feats.num_seqs)
+    return np.where(feats.eager, np.maximum(t, e), t) if e > 0 else t
 
 
-def predict_device(coeffs: DeviceCoefficients, df: pd.DataFrame) -> np.ndarray:
-    """Device seconds the coefficients give for every row of ``df`` (vectorised §4.3 form)."""
-    feats = features(df.assign(device_s=1.0) if "device_s" not in df.columns else df)
+def predict_device(coeffs: DeviceCoefficients, df: pd.DataFrame, *, graph_max: int = 0) -> np.ndarray:
+    """Device seconds the coefficients give for every row of ``df`` (vectorised §4.3 form); ``graph_max``:
+    the largest decode batch replayed as a CUDA graph (0: none), for the eager floor."""
+    feats = features(df.assign(device_s=1.0) if "device_s" not in df.columns else df, graph_max=graph_max)
     x = np.array([getattr(coeffs, name) for name in LINEAR_PARAMS])
     return _predict(x, coeffs.knee_p, feats)
 
@@ -128,7 +147,8 @@ def _param_scales(start: np.ndarray, feats: Features, obs: np.ndarray) -> np.nda
     """Typical magnitude of each parameter, so the optimiser works on O(1) numbers: the start value, or,
     where the start is 0, the value at which its term would be 0.1 % of a typical step."""
     typical = float(np.median(obs))
-    reach = [1.0, 1.0, feats.num_tokens.max(), feats.ctx_sum.max(), feats.pairs.max(), feats.num_seqs.max(), 1.0]
+    reach = [1.0, 1.0, feats.num_tokens.max(), feats.ctx_sum.max(), feats.pairs.max(), feats.num_seqs.max(), 1.0,
+             1.0]
     fallback = np.array([1e-3 * typical / r if r > 0 else 1.0 for r in reach])
     return np.where(start > 0, start, fallback)
 
@@ -140,6 +160,7 @@ def fit_device(
     knee_p: float | None = None,
     fit_knee: bool = False,
     multi_token: bool = False,
+    graph_max: int = 0,
 ) -> DeviceCoefficients:
     """Least squares on relative residuals (pred − obs) / obs, soft_l1 loss, every coefficient ≥ 0.
 
@@ -147,20 +168,28 @@ def fit_device(
     ``knee_p``: smoothmax exponent, fixed unless ``fit_knee``; default the initial guess's.
     ``multi_token``: also fit m, the fixed extra time of steps with more than one new token (CPU); it
     needs rows on both sides (one-token and multi-token steps), else it stays at its start value.
+    ``graph_max``: the largest decode batch the engine replayed as a CUDA graph (0: no graphs); the eager
+    floor E is then fitted too, from rows on both sides (graph-replayed and eager), else it stays 0.
     """
-    feats = features(df)
+    feats = features(df, graph_max=graph_max)
     obs = df["device_s"].to_numpy(dtype=np.float64)
     start = initial or initial_guess(df, multi_token=multi_token)
     p0 = knee_p if knee_p is not None else start.knee_p
     x0 = np.array([getattr(start, name) for name in LINEAR_PARAMS], dtype=np.float64)
+    floor_active = bool(feats.eager.any()) and not bool(feats.eager.all())
+    if floor_active and x0[7] <= 0:
+        # A floor starts where a quarter of the eager steps sit: with none held at it, its gradient is zero.
+        x0[7] = float(np.quantile(obs[feats.eager], 0.25))
     scales = _param_scales(x0, feats, obs)
     # A term whose feature is zero on every row (no decode rows, no prefill rows) cannot be fitted: it
     # keeps its start value instead of wandering, and the optimiser sees only the others.
     one_token = feats.num_tokens <= 1
     active = np.array([True, True, True, feats.ctx_sum.any(), feats.pairs.any(), True,
-                       multi_token and bool(one_token.any()) and bool((~one_token).any())])
+                       multi_token and bool(one_token.any()) and bool((~one_token).any()), floor_active])
     if not active[6]:
         x0[6] = 0.0
+    if not active[7]:
+        x0[7] = 0.0
     theta0 = np.where(x0 > 0, x0 / scales, 0.0)[active]
     lower = np.zeros(int(active.sum()))
     upper = np.full(int(active.sum()), np.inf)
@@ -229,6 +258,7 @@ def cross_validate(
     knee_p: float | None = None,
     fit_knee: bool = False,
     multi_token: bool = False,
+    graph_max: int = 0,
 ) -> tuple[FitError, np.ndarray]:
     """k-fold over grid points: each point is predicted by a fit that never saw it.
     Returns the error summary and the held-out prediction of every row."""
@@ -238,8 +268,9 @@ def cross_validate(
     held_out = np.empty(n)
     for fold in np.array_split(order, folds):
         train = df.iloc[np.setdiff1d(order, fold)]
-        coeffs = fit_device(train, initial=initial, knee_p=knee_p, fit_knee=fit_knee, multi_token=multi_token)
-        held_out[fold] = predict_device(coeffs, df.iloc[fold])
+        coeffs = fit_device(train, initial=initial, knee_p=knee_p, fit_knee=fit_knee, multi_token=multi_token,
+                            graph_max=graph_max)
+        held_out[fold] = predict_device(coeffs, df.iloc[fold], graph_max=graph_max)
     observed = df["device_s"].to_numpy(dtype=np.float64)
     return error_summary(held_out, observed, num_folds=folds), held_out
 
@@ -408,6 +439,7 @@ class FitResult:
         comm: CommModel | None = None,
         overlap_host: bool = False,
         cuda_graph_batch_sizes: tuple[int, ...] = (),
+        measured_on: str | None = None,
     ) -> Profile:
         """A measured Profile carrying these coefficients, error and range."""
         return Profile(
@@ -424,6 +456,7 @@ class FitResult:
             memory=memory,
             host_link_Bps=host_link_Bps,
             cuda_graph_batch_sizes=cuda_graph_batch_sizes,
+            measured_on=measured_on,
             valid_range=self.valid_range,
             fit_error=self.error,
             provenance=provenance,
@@ -439,18 +472,75 @@ def fit_timings(
     knee_p: float | None = None,
     fit_knee: bool = False,
     multi_token: bool = False,
+    graph_max: int = 0,
 ) -> FitResult:
-    """Fit device and host terms on every row, and cross-validate the device fit."""
+    """Fit device and host terms on every row, and cross-validate the device fit. ``graph_max``: the largest
+    decode batch the engine replayed as a CUDA graph (0: none), which adds the eager floor to the fit."""
     error, held_out = cross_validate(
-        df, num_folds=num_folds, seed=seed, initial=initial, knee_p=knee_p, fit_knee=fit_knee, multi_token=multi_token
+        df, num_folds=num_folds, seed=seed, initial=initial, knee_p=knee_p, fit_knee=fit_knee, multi_token=multi_token,
+        graph_max=graph_max,
     )
     return FitResult(
-        device=fit_device(df, initial=initial, knee_p=knee_p, fit_knee=fit_knee, multi_token=multi_token),
+        device=fit_device(df, initial=initial, knee_p=knee_p, fit_knee=fit_knee, multi_token=multi_token,
+                          graph_max=graph_max),
         host=fit_host(df),
         error=error,
         valid_range=valid_range(df),
         held_out_s=held_out,
     )
+
+
+def best_fit(
+    df: pd.DataFrame,
+    *,
+    num_folds: int = 5,
+    seed: int = 0,
+    initial: DeviceCoefficients | None = None,
+    multi_token: bool = False,
+    graph_max: int = 0,
+) -> tuple[FitResult, bool]:
+    """``fit_timings`` with the knee exponent fixed (the start's) and fitted, both cross-validated the same way;
+    the one with the lower held-out error, and whether it is the fitted knee. (The knee is worth fitting only
+    when the grid reaches the compute-bound side, which the held-out error shows.)"""
+    fixed = fit_timings(df, num_folds=num_folds, seed=seed, initial=initial, multi_token=multi_token,
+                        graph_max=graph_max)
+    fitted = fit_timings(df, num_folds=num_folds, seed=seed, initial=initial, fit_knee=True,
+                         multi_token=multi_token, graph_max=graph_max)
+    knee_fitted = fitted.error.mape < fixed.error.mape
+    return (fitted if knee_fitted else fixed), knee_fitted
+
+
+def refit_profile(profile: Profile, df: pd.DataFrame, *, timings_name: str, timings_sha256: str,
+                  initial: DeviceCoefficients | None = None, num_folds: int = 5, seed: int = 0,
+                  host_from_grid: str | None = None) -> Profile:
+    """A measured profile's device terms fitted again to its own raw timings with today's model form (the
+    eager floor where it lists CUDA graph batches, the multi-token term where it has one), as ``fleetsim
+    calibrate`` fits them; memory, graphs and the rest kept, the provenance saying so. Host terms are kept
+    too, unless ``host_from_grid`` gives the reason to fit them again on the timings' forced steps
+    (cycle − device), as ``fleetsim calibrate --host-from grid`` does."""
+    if not profile.is_measured:
+        raise ConfigError(f"{profile.name} is not measured: there are no raw timings to refit", field="profile")
+    graph_max = max(profile.cuda_graph_batch_sizes, default=0)
+    multi = profile.device_s.multi_token_s > 0
+    result, knee_fitted = best_fit(df, num_folds=num_folds, seed=seed, initial=initial, multi_token=multi,
+                                   graph_max=graph_max)
+    err = result.error
+    before = profile.fit_error
+    note = (f"; refitted on {datetime.date.today().isoformat()} by calibration.fit from {timings_name} (sha256 "
+            f"{timings_sha256[:12]}) with knee {'fitted' if knee_fitted else 'fixed'} at p={result.device.knee_p:.3g}"
+            + (f", eager floor E={result.device.eager_floor_s * 1e3:.3g} ms for steps run without a CUDA graph"
+               if result.device.eager_floor_s else "")
+            + f": held-out {err.num_folds}-fold MAPE {err.mape:.2%}, max {err.max_error:.2%}"
+            + (f" (was {before.mape:.2%}, max {before.max_error:.2%})" if before is not None else "") + ".")
+    host = profile.host_s
+    if host_from_grid:
+        host = fit_host(df)
+        note += (f" Host terms fitted again on the forced steps' cycle − device time (h0 {host.h0_s * 1e3:.3g} ms, "
+                 f"{host.per_seq_s * 1e6:.3g} us/seq, {host.per_token_s * 1e9:.3g} ns/token): {host_from_grid}.")
+    provenance = profile.provenance.model_copy(update={"source": profile.provenance.source + note,
+                                                        "raw_timings_sha256": timings_sha256})
+    return profile.model_copy(update={"device_s": result.device, "host_s": host, "fit_error": err,
+                                      "valid_range": result.valid_range, "provenance": provenance})
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -522,16 +612,22 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description="Fit the step-time model to a timings CSV.")
     parser.add_argument("timings", type=Path)
-    parser.add_argument("--memory-from", required=True, help="profile whose memory/comm/host link to reuse")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--memory-from", help="profile whose memory/comm/host link to reuse")
+    source.add_argument("--refit", help="measured profile of these timings: fit its device terms again, keep the rest")
     parser.add_argument("--kv-capacity-tokens", type=int, default=None, help="as measured on the engine")
     parser.add_argument("--device-name", default="unknown")
     parser.add_argument("--name", default=None, help="profile name (default: {hw}-{model}-tp{tp}-measured)")
     parser.add_argument("--out", type=Path, default=None, help="write the profile YAML here")
     parser.add_argument("--html", type=Path, default=None, help="write the measured-vs-predicted plot here")
     parser.add_argument("--folds", type=int, default=5)
+    parser.add_argument("--host-from-grid", default=None, metavar="REASON",
+                        help="with --refit: fit the host terms again on the timings' forced steps, saying why")
     args = parser.parse_args(argv)
 
     df = pd.read_csv(args.timings)
+    if args.refit:
+        return _refit(args, df)
     reference = load_profile(args.memory_from)
     result = fit_timings(df, num_folds=args.folds, initial=reference.device_s)
     err = result.error
@@ -561,6 +657,33 @@ def main(argv: list[str] | None = None) -> int:
             ),
         )
         profile.save(args.out)
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _refit(args: argparse.Namespace, df: pd.DataFrame) -> int:
+    """``--refit``: the measured profile's device terms fitted again (``refit_profile``), from the analytic
+    profile of the same hardware/model/tp as the start when one exists, as ``fleetsim calibrate`` starts."""
+    from simulator.cost.profile import list_profiles, load_profile
+
+    profile = load_profile(args.refit)
+    analytic = f"{profile.hardware.lower()}-{profile.model}-tp{profile.tp}-analytic"
+    initial = load_profile(analytic).device_s if analytic in list_profiles() else None
+    new = refit_profile(profile, df, timings_name=args.timings.name, timings_sha256=sha256_file(args.timings),
+                        initial=initial, num_folds=args.folds, host_from_grid=args.host_from_grid)
+    err = new.fit_error
+    assert err is not None  # refit_profile sets it
+    print(f"held-out MAPE {err.mape:.2%}  max {err.max_error:.2%}  R² {err.r2:.4f}  ({err.num_points} points)")
+    print(new.device_s.model_dump(exclude_none=True))
+    if args.html:
+        graph_max = max(new.cuda_graph_batch_sizes, default=0)
+        _, held_out = cross_validate(df, num_folds=args.folds, initial=initial, knee_p=new.device_s.knee_p,
+                                     multi_token=new.device_s.multi_token_s > 0, graph_max=graph_max)
+        save_figure(figure_measured_vs_predicted(df, held_out, title=f"{new.name}: measured vs held-out predicted "
+                                                 f"device time (MAPE {err.mape:.1%})"), args.html,
+                    include_plotlyjs="cdn")  # a profile's plot ships in the repository: plotly.js stays out
+    if args.out:
+        new.save(args.out)
         print(f"wrote {args.out}")
     return 0
 

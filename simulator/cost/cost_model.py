@@ -56,6 +56,8 @@ class CostModel:
         "_experts",
         "_f",
         "_factor",
+        "_floor",
+        "_graph_max",
         "_h0",
         "_hn",
         "_hs",
@@ -119,6 +121,10 @@ class CostModel:
         # A swapped token moves its per-rank KV slice over that rank's own host link, in parallel.
         self._swap_per_token = profile.memory.kv_bytes_per_token / profile.host_link_Bps
         self._buckets = list(profile.cuda_graph_batch_sizes)
+        self._graph_max = self._buckets[-1] if self._buckets else 0
+        """The largest decode batch the engine replays as a CUDA graph (0 without graphs)."""
+        self._floor = dev.eager_floor_s
+        """The least device time of a step run without a CUDA graph (0: none; only with graphs)."""
         self._factor = factor
         self._decode_consts: dict[int, tuple[float, float]] = {}
         """(base, host) seconds of a decode-only step of each batch size seen (``decode_step_ends``)."""
@@ -203,12 +209,24 @@ class CostModel:
                 return b, b
         return shape.num_seqs, shape.num_new_tokens
 
+    def eager_floor(self, num_seqs: int, num_new_tokens: int) -> float:
+        """The floor of a step's device time: ``eager_floor_s`` for a step the engine cannot replay as a CUDA
+        graph (a row of more than one new token, or more rows than the largest captured batch), else 0."""
+        if not self._buckets:
+            return 0.0
+        if num_new_tokens != num_seqs or num_seqs > self._graph_max:
+            return self._floor
+        return 0.0
+
     def device_time(self, shape: StepShape) -> float:
         """Device seconds of the step (forward, attention, all-reduces, KV swap copies)."""
         if shape.num_seqs == 0:
             return shape.num_swap_tokens * self._swap_per_token * self._factor
+        floor = self.eager_floor(shape.num_seqs, shape.num_new_tokens)
         b, n = self._padded(shape)
         t = self._base_s(b, n) + self._k * shape.decode_context_sum + self._q * shape.prefill_attention_pairs
+        if t < floor:
+            t = floor
         if shape.num_swap_tokens:
             t += shape.num_swap_tokens * self._swap_per_token
         return t * self._factor
@@ -233,10 +251,14 @@ class CostModel:
         if b == 0:
             return num_swap_tokens * self._swap_per_token * self._factor
         n = num_new_tokens
-        if self._buckets and num_prefill_tokens == 0 and n == b:  # a verification step (n > b) is not padded
-            padded = self._bucket(b)
-            if padded != b:
-                b = n = padded
+        floor = 0.0
+        if self._buckets:
+            if num_prefill_tokens == 0 and n == b and b <= self._graph_max:  # a verification step (n > b) is not padded
+                padded = self._bucket(b)
+                if padded != b:
+                    b = n = padded
+            else:
+                floor = self._floor  # run without a CUDA graph (eager_floor)
         if self._curved:
             dev = self._curve_base(b, n) + self._k * decode_context_sum + self._q * prefill_attention_pairs
         else:
@@ -251,6 +273,8 @@ class CostModel:
                 + self._k * decode_context_sum
                 + self._q * prefill_attention_pairs
             )
+        if dev < floor:
+            dev = floor
         if num_swap_tokens:
             dev += num_swap_tokens * self._swap_per_token
         host = self._h0 + self._hs * b + self._hn * n
@@ -276,6 +300,9 @@ class CostModel:
         ctx = np.arange(num_steps, dtype=np.int64) * batch + ctx_sum_start
         # Same operation order as step_time: (base + k·ctx) + q·0.0, then host, then the factor.
         dev = base + self._k * ctx.astype(np.float64) + self._q * 0.0
+        floor = self.eager_floor(batch, batch)
+        if floor:
+            dev = np.maximum(dev, floor)
         host = self._host_s(b, n)
         total = np.maximum(dev, host) if self._overlap else dev + host
         return total * self._factor
@@ -298,8 +325,9 @@ class CostModel:
         return consts
 
     def decode_total_time(self, batch: int, ctx_sum_start: int, num_steps: int) -> float:
-        """Sum of ``decode_times`` in closed form (no array) when host work does not overlap."""
-        if self._overlap:
+        """Sum of ``decode_times`` in closed form (no array) when host work does not overlap and no step is
+        held at the eager floor."""
+        if self._overlap or self.eager_floor(batch, batch):
             return float(self.decode_times(batch, ctx_sum_start, num_steps).sum())
         if num_steps <= 0 or batch <= 0:
             return 0.0
@@ -335,8 +363,8 @@ class StepEnds:
     decodes follow: ``reset``'s ``first_s``); the decodes then run from its end. A replica reuses one
     object from run to run (``reset``)."""
 
-    __slots__ = ("_attn", "_base", "_ctx", "_ctx_start", "_factor", "_first_end", "_host", "_j", "_j_start", "_k",
-                 "_overlap", "_prev_t", "_step_ctx", "_t", "last_end", "num_steps", "start")
+    __slots__ = ("_attn", "_base", "_ctx", "_ctx_start", "_factor", "_first_end", "_floor", "_host", "_j", "_j_start",
+                 "_k", "_overlap", "_prev_t", "_step_ctx", "_t", "last_end", "num_steps", "start")
 
     def __init__(self) -> None:
         self.num_steps: i64 = 0
@@ -354,6 +382,8 @@ class StepEnds:
         self._host = 0.0
         self._k = 0.0
         self._attn = 0.0
+        self._floor = 0.0
+        """The steps' eager floor (``CostModel.eager_floor``): 0 unless the batch is beyond every CUDA graph."""
         self._factor = 1.0
         self._overlap = False
         self._j_start: i64 = 0
@@ -378,11 +408,12 @@ class StepEnds:
             self._base, self._host = model.decode_base_host(batch)
             self._k = model._k
             self._attn = model._q * 0.0
+            self._floor = model.eager_floor(batch, batch)
             self._factor = model._factor
             self._overlap = model._overlap
             self._step_ctx = float(batch)
         else:  # an empty batch: steps that take no time (as decode_times' zeros)
-            self._base = self._host = self._k = self._attn = self._step_ctx = 0.0
+            self._base = self._host = self._k = self._attn = self._step_ctx = self._floor = 0.0
             self._factor = 1.0
             self._overlap = False
         self._rewind()
@@ -413,6 +444,7 @@ class StepEnds:
         base = self._base
         k = self._k
         attn = self._attn
+        floor = self._floor
         host = self._host
         factor = self._factor
         overlap = self._overlap
@@ -420,6 +452,8 @@ class StepEnds:
             # A step's time: the same float operations, in the same order, as CostModel.time_of performs for
             # a decode-only shape (and decode_times for a run), spelled out over locals (this runs per step).
             dev = base + k * ctx + attn
+            if dev < floor:
+                dev = floor
             following = t + ((dev if dev > host else host) if overlap else dev + host) * factor
             if following > bound or (strict and following == bound):
                 break

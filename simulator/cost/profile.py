@@ -41,9 +41,14 @@ class ProfileKind(StrEnum):
     composed into whole steps by stated rules; ``provenance.sources`` lists the files."""
 
 
+FLEETSIM_ENGINE = "fleetsim"
+"""``Profile.measured_on`` of a profile measured on this project's own engine (``fleetsim calibrate``)."""
+
+
 class DeviceCoefficients(_Frozen):
     """Device (GPU) time of one step: research §4.3,
-    ``a0 + smoothmax(W, f·N) + m·[N > 1] + k·Σctx + q·Σpairs + s·B``."""
+    ``a0 + smoothmax(W, f·N) + m·[N > 1] + k·Σctx + q·Σpairs + s·B``, at least ``eager_floor_s`` for a
+    step that runs without a CUDA graph."""
 
     a0_s: float = Field(ge=0)
     """Fixed time of every non-empty step, seconds (kernels whose cost does not scale with the batch)."""
@@ -64,6 +69,14 @@ class DeviceCoefficients(_Frozen):
     matmuls run as matrix-vector kernels, while two or more tokens switch to matrix-matrix kernels that
     pack the weights first (measured on the small model: batch 1 decode ~12 ms, batch 2 ~20 ms, then
     ~2.5 ms per extra sequence). 0 (no such step) for GPU and analytic profiles."""
+    eager_floor_s: float = Field(default=0.0, ge=0)
+    """The least device time of a step the engine cannot replay as a CUDA graph (a profile with
+    ``cuda_graph_batch_sizes``): one with prefill tokens, a row of more than one new token, or more rows
+    than the largest captured batch. Such a step launches every kernel from the host one by one, and the
+    device waits on the launches unless its own work takes longer: ``max(eager_floor_s, T)``. Measured
+    on the H200 with this project's engine (32 layers of Llama-3-8B, launched from Python): 21-51 ms
+    for prefill chunks of 16-512 tokens that the formula prices at 8-22 ms, while graph-replayed decode
+    steps of any batch follow it within a few per cent. 0 (no floor) without CUDA graphs."""
     token_curve: PiecewiseLinear | None = None
     """Device seconds of everything in a step that scales with its N new tokens (every layer's GEMMs,
     norms, activations, RoPE, the embedding), by N. When set it prices the step in place of
@@ -339,6 +352,12 @@ class Profile(_Frozen):
     """The routed experts of a mixture-of-experts model; None for a dense model (today's form, unchanged)."""
     streaming: StreamingFigures | None = None
     """The client's view of a served endpoint (None: not measured; a scenario gives its own network figures)."""
+    measured_on: str | None = None
+    """The engine whose steps a measured profile timed, where its figures are that engine's own: 'fleetsim',
+    this project's engine (its Python host loop and kernel launches: on the H200, 36 ms for a prefill step
+    that a serving engine's compiled graphs run in a few). Such a profile prices that engine, for validating
+    the simulator against it: a scenario gets it by name (``fleet.profile``), or when no other shipped
+    profile has its hardware, model and tp. None: a serving engine's, or not engine-specific."""
 
     @model_validator(mode="after")
     def _check_kind(self) -> Self:
@@ -348,6 +367,9 @@ class Profile(_Frozen):
             set(self.cuda_graph_batch_sizes)
         ):
             raise ValueError("cuda_graph_batch_sizes must be positive and strictly increasing")
+        if self.device_s.eager_floor_s and not self.cuda_graph_batch_sizes:
+            raise ValueError("device_s.eager_floor_s is the floor of steps run without a CUDA graph: it needs "
+                             "cuda_graph_batch_sizes (without graphs every step is such a step, and a0_s holds it)")
         if self.moe is not None:
             self._check_moe(self.moe)
         return self

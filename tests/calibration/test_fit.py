@@ -181,3 +181,46 @@ def test_multi_token_term_needs_both_kinds_of_step(grid: pd.DataFrame) -> None:
     # No one-token rows: m is indistinguishable from a0, so it is not fitted (stays 0).
     multi_only = grid[grid["num_new_tokens"] > 1]
     assert fit_device(multi_only, multi_token=True).multi_token_s == 0.0
+
+
+def test_eager_floor_recovered_and_off_without_graphs(grid: pd.DataFrame) -> None:
+    """GPU with CUDA graphs: steps run eagerly (every prefill and mixed step here) take at least E, the
+    host launching their kernels one by one; graph-replayed decode steps follow the form. Fitted from rows
+    on both sides, it comes back within 10 %; without graphs (graph_max 0) nothing is flagged and it stays 0."""
+    true = TRUE.model_copy(update={"eager_floor_s": 0.03})
+    rng = np.random.default_rng(2)
+    df = grid.assign(device_s=predict_device(true, grid, graph_max=256) * np.exp(rng.normal(0.0, 0.02, len(grid))))
+    eager = (df["num_new_tokens"] != df["num_seqs"]).to_numpy()
+    held = eager & (predict_device(TRUE, grid) < 0.03)
+    assert held.sum() >= 8 and (eager & ~held).sum() >= 8  # the floor binds on some eager rows, not all
+    with_floor = fit_timings(df, num_folds=5, seed=0, graph_max=256)
+    assert with_floor.device.eager_floor_s == pytest.approx(0.03, rel=0.10)
+    assert with_floor.error.mape < 0.05
+    without = fit_timings(df, num_folds=5, seed=0)
+    assert without.device.eager_floor_s == 0.0
+    assert without.error.mape > 2 * with_floor.error.mape
+    # Only eager rows (no graph-replayed step to tell E from the form): E is not fitted.
+    assert fit_device(df[eager], graph_max=256).eager_floor_s == 0.0
+
+
+SHIPPED_CSV = Path(__file__).resolve().parents[2] / "calibration" / "profiles" / "h200-llama-3-8b-tp1-measured.csv"
+
+
+def test_shipped_h200_profile_is_the_refit_of_its_raw_timings() -> None:
+    """The shipped H200 profile's device terms and held-out error are what ``python -m calibration.fit
+    --refit`` makes of its raw timings today: the profile is reproducible from the measurement it ships
+    with (and its provenance hashes that file)."""
+    from calibration.fit import refit_profile, sha256_file
+    from simulator.cost.profile import load_profile
+
+    shipped = load_profile("h200-llama-3-8b-tp1-measured")
+    assert shipped.provenance.raw_timings_sha256 == sha256_file(SHIPPED_CSV)
+    again = refit_profile(shipped, pd.read_csv(SHIPPED_CSV), timings_name=SHIPPED_CSV.name,
+                          timings_sha256=sha256_file(SHIPPED_CSV),
+                          initial=load_profile("h200-llama-3-8b-tp1-analytic").device_s)
+    for name in (*LINEAR_PARAMS, "knee_p"):
+        expected = getattr(shipped.device_s, name)
+        assert getattr(again.device_s, name) == pytest.approx(expected, rel=1e-3, abs=1e-12), name
+    assert shipped.fit_error is not None and again.fit_error is not None
+    assert again.fit_error.mape == pytest.approx(shipped.fit_error.mape, rel=1e-3)
+    assert shipped.device_s.eager_floor_s > 0.01 and shipped.fit_error.mape < 0.10

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from simulator.core.step import StepShape
 from simulator.cost.cost_model import CostModel, StepEnds, allreduce_time_s
-from simulator.cost.profile import CommModel, load_profile
+from simulator.cost.profile import CommModel, load_profile, parse_profile
+from simulator.errors import ConfigError
 
 # Host work added to device work (not overlapped), so the form by hand is one sum.
 BASE = load_profile("h200-llama-3-8b-tp1-analytic").model_copy(update={"overlap_host": False})
@@ -128,11 +129,15 @@ def test_scale_multiplies_every_time() -> None:
     overlap=st.booleans(),
     factor=st.sampled_from([1.0, 0.9, 1.1]),
     buckets=st.booleans(),
+    floor=st.sampled_from([0.0, 0.03]),
 )
 def test_decode_times_bit_identical_to_step_time(
-    batch: int, ctx: int, steps: int, overlap: bool, factor: float, buckets: bool
+    batch: int, ctx: int, steps: int, overlap: bool, factor: float, buckets: bool, floor: float
 ) -> None:
-    profile = _profile(overlap_host=overlap, cuda_graph_batch_sizes=(1, 8, 64, 256) if buckets else ())
+    """With graphs, a batch beyond the last one runs eagerly: a 30 ms floor binds at short contexts and not
+    at long ones, and the vectorised path applies it exactly as step_time does."""
+    device = BASE.device_s.model_copy(update={"eager_floor_s": floor if buckets else 0.0})
+    profile = _profile(device_s=device, overlap_host=overlap, cuda_graph_batch_sizes=(1, 8, 64, 256) if buckets else ())
     model = CostModel(profile).scale(factor)
     times = model.decode_times(batch, ctx, steps)
     reference = [model.step_time(decode(batch, ctx + j * batch)) for j in range(steps)]
@@ -150,11 +155,12 @@ def test_decode_times_bit_identical_to_step_time(
     overlap=st.booleans(),
     buckets=st.booleans(),
     multi=st.sampled_from([0.0, 7e-3]),
+    floor=st.sampled_from([0.0, 0.03]),
 )
 def test_decode_step_ends_equal_a_step_by_step_clock(
-    batch: int, ctx: int, steps: int, start: float, overlap: bool, buckets: bool, multi: float
+    batch: int, ctx: int, steps: int, start: float, overlap: bool, buckets: bool, multi: float, floor: float
 ) -> None:
-    device = BASE.device_s.model_copy(update={"multi_token_s": multi})
+    device = BASE.device_s.model_copy(update={"multi_token_s": multi, "eager_floor_s": floor if buckets else 0.0})
     profile = _profile(device_s=device, overlap_host=overlap, cuda_graph_batch_sizes=(1, 8, 64, 256) if buckets else ())
     model = CostModel(profile).scale(1.1)
     clock, reference = start, []
@@ -248,3 +254,40 @@ def test_decode_times_bit_identical_with_multi_token_term(batch: int, ctx: int, 
     reference = [model.step_time(decode(batch, ctx + j * batch)) for j in range(steps)]
     assert model.decode_times(batch, ctx, steps).tolist() == reference
     assert math.isclose(model.decode_total_time(batch, ctx, steps), sum(reference), rel_tol=1e-12)
+
+
+def test_eager_floor_holds_steps_run_without_a_graph() -> None:
+    """A step the engine cannot replay as a CUDA graph (prefill tokens, a verification row, more rows than
+    the last captured batch) takes at least the eager floor; graph-replayed decode steps never pay it."""
+    graphs = (1, 2, 4, 8, 16, 32)
+    floor = 0.05
+    plain = CostModel(_profile(cuda_graph_batch_sizes=graphs))
+    eager = CostModel(_profile(cuda_graph_batch_sizes=graphs,
+                               device_s=BASE.device_s.model_copy(update={"eager_floor_s": floor})))
+    for shape in (decode(1, 100), decode(5, 5000), decode(32, 32 * 8000)):  # replayed graphs
+        assert eager.step_time(shape) == plain.step_time(shape)
+        assert eager.device_time(shape) == plain.device_time(shape)
+    small = (prefill(16), StepShape(5, 516, 4, 400, 512, 512 * 256.0), decode(64, 640),
+             StepShape(4, 12, 0, 0, 0, 0.0))  # a prefill, a mixed step, beyond the graphs, a verification step
+    for shape in small:
+        assert plain.device_time(shape) < floor
+        assert eager.device_time(shape) == floor
+        assert eager.step_time(shape) == pytest.approx(floor + plain.host_time(shape), rel=1e-12)
+        assert eager.step_time(shape) == eager.time_of(*shape)
+    big = prefill(8192, 4096)  # its own work outlasts the launches
+    assert plain.device_time(big) > floor
+    assert eager.step_time(big) == plain.step_time(big)
+
+
+def test_eager_floor_needs_cuda_graphs() -> None:
+    """Without graphs every step runs eagerly and a0 holds the floor: a floor there is a bad profile, named."""
+    data = BASE.model_dump(mode="json")
+    data["device_s"]["eager_floor_s"] = 0.01
+    data["cuda_graph_batch_sizes"] = []
+    with pytest.raises(ConfigError, match="eager_floor_s"):
+        parse_profile(data, file="p.yaml")
+    data["cuda_graph_batch_sizes"] = [1, 2, 4]
+    assert parse_profile(data, file="p.yaml").device_s.eager_floor_s == 0.01
+    data["device_s"]["eager_floor_s"] = -1.0
+    with pytest.raises(ConfigError, match="eager_floor_s"):
+        parse_profile(data, file="p.yaml")
