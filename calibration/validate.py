@@ -180,9 +180,12 @@ def _make_engine(profile: Profile, config: SchedulerConfig, options: ValidationO
         torch.set_num_threads(options.threads)
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     model = options.model or profile.model
+    cuda = options.device.startswith("cuda")
+    # Decode through CUDA graphs exactly when the profile was measured with them (it lists their batches):
+    # the engine replayed must be the engine measured.
     return Engine(get_model(model, profile.tp), config, device=options.device, dtype=dtypes[profile.dtype],
-                  backend="sdpa_gather" if not options.device.startswith("cuda") else "triton_paged",
-                  seed=options.seed)
+                  backend="triton_paged" if cuda else "sdpa_gather", seed=options.seed,
+                  cuda_graphs=cuda and bool(profile.cuda_graph_batch_sizes))
 
 
 def _prompts(specs: Sequence[RequestSpec], vocab_size: int, seed: int) -> list[list[int]]:
@@ -229,10 +232,17 @@ class ValidationSetup:
     out: Path
     """Folder the report is written to."""
 
-    def fresh_engine(self) -> Any:
-        """A new engine (empty KV pool and queues), warmed up."""
+    def fresh_engine(self, previous: Any = None) -> Any:
+        """A new engine (empty KV pool and queues), warmed up, its CUDA graphs captured; ``previous``, the
+        engine it replaces, gives its device memory back first (two pools of the profile's capacity do not
+        fit on one GPU)."""
+        if previous is not None:
+            previous.runner.release()
         engine = _make_engine(self.profile, self.config, self.options)
         _warm_up(engine)
+        # A graph captured on first use would put its capture into the timed step that needed it.
+        engine.runner.capture_graphs_upto(self.config.max_num_seqs,
+                                          self.options.max_prompt_tokens + self.options.max_output_tokens)
         return engine
 
 
@@ -269,7 +279,7 @@ def validate(options: ValidationOptions, *, out_dir: str | Path, progress: bool 
     if options.mode in ("lockstep", "both"):
         fidelity["lockstep"], steps_csv = compare_lockstep(setup, engine, prompts, progress=progress)
         files.append(steps_csv)
-        engine = setup.fresh_engine()  # fresh KV pool and queues for the next mode
+        engine = setup.fresh_engine(engine)  # fresh KV pool and queues for the next mode
     if options.mode in ("realtime", "both"):
         realtime, realtime_files = compare_realtime(setup, engine, prompts, progress=progress)
         fidelity.update(realtime)
@@ -359,7 +369,7 @@ def compare_realtime(setup: ValidationSetup, engine: Any, prompts: Sequence[Sequ
     fidelity = _realtime_errors(setup, real, simulated)
     files = _realtime_files(setup, real, simulated)
     if setup.options.repeat_realtime:
-        engine = setup.fresh_engine()
+        engine = setup.fresh_engine(engine)
         again = run_engine_realtime(engine, setup.specs, prompts, progress=progress)
         if drift_plan is not None:
             probes.append(drift_plan.measure(engine.runner))

@@ -28,7 +28,14 @@ from simulator.cost.kv_pool import serve_defaults
 from simulator.cost.kv_tiers import KVTiersConfig
 from simulator.cost.link import TransferModel, get_link, transfer_model
 from simulator.cost.moe import Routing
-from simulator.cost.profile import Profile, config_error_from_validation, get_accelerator, list_profiles, load_profile
+from simulator.cost.profile import (
+    FLEETSIM_ENGINE,
+    Profile,
+    config_error_from_validation,
+    get_accelerator,
+    list_profiles,
+    load_profile,
+)
 from simulator.cost.reprice import at_dtypes
 from simulator.cost.speculation import SpeculativeConfig
 from simulator.errors import ConfigError
@@ -160,7 +167,8 @@ class FleetConfig(_Section):
     """Tensor-parallel degree: GPUs per replica."""
     profile: str | None = None
     """Cost-model profile (shipped name or path); None = the shipped profile for hardware, model and tp,
-    measured preferred over fitted-published over analytic."""
+    measured preferred over fitted-published over analytic, and one measured on this project's own engine
+    (``Profile.measured_on``) only when no other matches."""
     weight_dtype: WeightDtype | None = None
     """Weight dtype: bfloat16, float16, fp8 or int4 (weight-only); None = the profile's. Another dtype
     reprices the profile (simulator/cost/reprice.py): weight bytes, GEMM rate, KV pool."""
@@ -454,14 +462,16 @@ def pick_profile(fleet: FleetConfig) -> Profile:
         return profile
     stem = f"{fleet.hardware.lower()}-{fleet.model}-tp{fleet.tp}"
     candidates = [n for n in list_profiles() if n.startswith(stem + "-")]
-    # Measured on an engine first, then fitted to published measurements, then analytic.
-    rank = {"measured": 0, "fitted-published": 1, "analytic": 2}
-    candidates.sort(key=lambda n: (min((r for kind, r in rank.items() if n.endswith("-" + kind)), default=3), n))
-    chosen = candidates[0] if candidates else None
-    if chosen is None:
+    if not candidates:
         _check_weights_fit(fleet)
         raise ConfigError(_no_profile_message(fleet), field="fleet.tp" if fleet.tp & (fleet.tp - 1) else "fleet")
-    return load_profile(chosen)
+    # Measured on a serving engine first, then fitted to published measurements, then analytic; a profile of
+    # this project's own engine last (it prices that engine's Python host loop, not a serving engine's).
+    rank = {"measured": 0, "fitted-published": 1, "analytic": 2}
+    profiles = {name: load_profile(name) for name in candidates}
+    candidates.sort(key=lambda n: (profiles[n].measured_on == FLEETSIM_ENGINE,
+                                   min((r for kind, r in rank.items() if n.endswith("-" + kind)), default=3), n))
+    return profiles[candidates[0]]
 
 
 def _no_profile_message(fleet: FleetConfig) -> str:

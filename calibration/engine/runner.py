@@ -256,6 +256,34 @@ class ModelRunner:
             graph = self._graphs[key] = _DecodeGraph(self, batch, pages, self._graph_pool)
         return graph
 
+    def release(self) -> None:
+        """Give the device memory back (weights, KV pool, graphs) while references to the runner remain: a
+        replay builds its next engine beside the last one's pool, which on a GPU takes most of its memory.
+        The runner cannot run again."""
+        import gc
+
+        self._graphs.clear()
+        del self.model, self.kv_cache, self.backend
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def capture_graphs_upto(self, max_batch: int, max_tokens: int) -> None:
+        """Every decode graph a run of at most ``max_batch`` sequences of at most ``max_tokens`` tokens can use,
+        captured now (as vLLM captures its graphs at start-up), so that no timed step pays for a capture: one
+        per batch bucket up to the one holding ``max_batch`` and per power-of-two block-table width. Nothing
+        without CUDA graphs."""
+        if not self.cuda_graphs:
+            return
+        sizes = self.graph_batch_sizes
+        covering = next((i for i, b in enumerate(sizes) if b >= max_batch), len(sizes) - 1)
+        context = self.block_size
+        while True:
+            self.capture_graphs(sizes[: covering + 1], context)
+            if context >= max_tokens:
+                break
+            context *= 2
+
     def capture_graphs(self, batch_sizes: Sequence[int], context_tokens: int) -> None:
         """Capture graphs ahead of time (before timing) for these batch sizes at this context length."""
         for b in batch_sizes:

@@ -11,6 +11,9 @@ from simulator.errors import ConfigError
 
 st.title("Calibration")
 
+DEFAULT_CONTEXTS = "512, 2048, 8192"
+DEFAULT_PREFIXES = "0, 4096"
+
 names = list_profiles()
 if not names:
     st.error("No shipped profiles found in calibration/profiles/.")
@@ -18,9 +21,9 @@ if not names:
 
 with st.sidebar:
     name = st.selectbox("Profile", names, index=profiles.default_profile_index(names), key="cal_profile")
-    contexts_text = st.text_input("Decode contexts (tokens)", "512, 2048, 8192", key="cal_contexts",
+    contexts_text = st.text_input("Decode contexts (tokens)", DEFAULT_CONTEXTS, key="cal_contexts",
                                   help="One decode curve per context length, comma-separated")
-    prefixes_text = st.text_input("Prefill cached prefixes (tokens)", "0, 4096", key="cal_prefixes",
+    prefixes_text = st.text_input("Prefill cached prefixes (tokens)", DEFAULT_PREFIXES, key="cal_prefixes",
                                   help="One prefill curve per cached-prefix length, comma-separated")
 
 try:
@@ -50,10 +53,14 @@ if points is None:
     st.caption("No raw timings ship with this profile: the curves below are the cost model alone."
                if profile.is_measured else "Curves of the cost model (no measured points exist).")
 else:
-    st.caption(f"Measured points from {csv_path.name if csv_path else ''} ({len(points)} grid points).")
-    # Draw the curves where most points are, so each point sits on (or beside) its curve.
-    contexts = profiles.common_values(points["context"]) or contexts
-    prefixes = profiles.common_values(points["prefix"]) or prefixes
+    st.caption(f"Measured points from {csv_path.name if csv_path else ''} ({len(points)} grid points); the curves "
+               "are drawn where most points are until other contexts or prefixes are typed in the sidebar.")
+    # Draw the curves where most points are, so each point sits on (or beside) its curve; values the user typed
+    # win.
+    if contexts_text == DEFAULT_CONTEXTS:
+        contexts = profiles.common_values(points["context"]) or contexts
+    if prefixes_text == DEFAULT_PREFIXES:
+        prefixes = profiles.common_values(points["prefix"]) or prefixes
 
 left, right = st.columns(2)
 with left:

@@ -14,7 +14,9 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     for name in list_profiles():
         profile = load_profile(name)
         mape = f"held-out MAPE {profile.fit_error.mape:.1%}" if profile.fit_error else "no fit error (analytic)"
-        print(f"{name:40s} {profile.kind.value:16s} {profile.provenance.device_name:28s} {mape}")
+        engine = (f"  (the {profile.measured_on} engine's own: a default only where no other profile matches)"
+                  if profile.measured_on else "")
+        print(f"{name:40s} {profile.kind.value:16s} {profile.provenance.device_name:28s} {mape}{engine}")
     return 0
 
 

@@ -246,8 +246,12 @@ def test_shipped_traces_load() -> None:
 # ----- calibration ----------------------------------------------------------------------------------
 
 
+def test_calibration_opens_on_the_quickstart_fleets_measured_profile() -> None:
+    assert default_profile() == "h200-llama-3-8b-tp1-measured"
+
+
 def test_cost_model_curves_rise_with_batch_context_and_chunk() -> None:
-    profile = load_profile(default_profile())
+    profile = load_profile("h200-llama-3-8b-tp1-analytic")
     decode = profiles.decode_curves(profile, [512, 8192], max_batch=256)
     for _, rows in decode.groupby("context"):
         assert rows["device_ms"].is_monotonic_increasing

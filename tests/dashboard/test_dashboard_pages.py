@@ -177,6 +177,8 @@ def test_compare_bad_setting_shows_the_error() -> None:
 
 def test_calibration_shows_curves_and_flags_analytic_profiles() -> None:
     at = app("calibration.py")
+    at.selectbox(key="cal_profile").set_value("h200-llama-3-8b-tp1-analytic")
+    at.run()
     figures = charts(at)
     assert [f["layout"]["title"]["text"] for f in figures] == ["Decode step time vs batch",
                                                                "Prefill step time vs chunk"]
@@ -201,6 +203,8 @@ def test_calibration_shows_measured_points_when_timings_ship() -> None:
 
 def test_calibration_changed_control_changes_the_curves() -> None:
     at = app("calibration.py")
+    at.selectbox(key="cal_profile").set_value("h200-llama-3-8b-tp1-analytic")
+    at.run()
     before = charts(at)[0]
     at.text_input(key="cal_contexts").set_value("1024, 4096, 16384, 32768")
     at.run()
@@ -208,6 +212,18 @@ def test_calibration_changed_control_changes_the_curves() -> None:
     assert len(after["data"]) > len(before["data"])
     names = [t["name"] for t in after["data"]]
     assert "context 32,768 (device)" in names
+
+
+def test_calibration_typed_contexts_win_over_the_measured_ones() -> None:
+    """A measured profile's curves start where its points are; contexts typed in the sidebar replace them."""
+    at = app("calibration.py")
+    assert at.selectbox(key="cal_profile").value == "h200-llama-3-8b-tp1-measured"
+    names = [t["name"] for t in charts(at)[0]["data"]]
+    assert "context 16,384 (device)" in names and "context 32,768 (device)" not in names
+    at.text_input(key="cal_contexts").set_value("1024, 32768")
+    at.run()
+    names = [t["name"] for t in charts(at)[0]["data"]]
+    assert "context 32,768 (device)" in names and "context 16,384 (device)" not in names
 
 
 def test_calibration_bad_setting_shows_the_error() -> None:

@@ -281,3 +281,19 @@ def test_a_run_that_cannot_fit_in_memory_is_refused_with_the_estimate(monkeypatc
     with pytest.raises(ConfigError, match="would need about") as info:
         load_mapping(duration)
     assert info.value.field == "workload.duration_s"
+
+
+def test_default_profile_skips_the_projects_own_engine_unless_nothing_else_matches() -> None:
+    """H200 / Llama-3-8B / tp 1 ships both an analytic profile (a serving engine's figures) and one measured
+    on this project's engine (its Python loop: a 36 ms floor on prefill steps): a scenario naming only the
+    hardware gets the serving engine's; by name it gets the engine's. On the CPU the engine's is the only
+    one, so it is chosen."""
+    from simulator.cost.profile import FLEETSIM_ENGINE, load_profile
+    from simulator.scenario import FleetConfig, pick_profile
+
+    measured = load_profile("h200-llama-3-8b-tp1-measured")
+    assert measured.is_measured and measured.measured_on == FLEETSIM_ENGINE
+    assert pick_profile(FleetConfig(hardware="H200", model="llama-3-8b", tp=1)).name == "h200-llama-3-8b-tp1-analytic"
+    named = FleetConfig(hardware="H200", model="llama-3-8b", tp=1, profile="h200-llama-3-8b-tp1-measured")
+    assert pick_profile(named) == measured
+    assert pick_profile(FleetConfig(hardware="CPU", model="small", tp=1)).name == "cpu-small-tp1-measured"
