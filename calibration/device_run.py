@@ -8,12 +8,25 @@ Stages, each writing its raw CSV to ``DIR`` as it goes and a line to ``DIR/summa
 3. the gpu grid for Llama-3-8B TP 1 (research §7.3), CUDA-graph decode, then the fit → a measured profile;
 4. per-layer grids for Llama-3-70B and -405B at TP-8 shapes, with k = 2 and 4 distinct layers each, scaled
    to the full depth with calibration/scale.py (plus the analytic all-reduce term) → measured profiles;
-5. the layer-scaling check on 8B: T(k) at k = 4, 8, 16, 32 layers (B 32, context 1024), linearity R².
+5. the layer-scaling check on 8B: T(k) at k = 4, 8, 16, 32 layers (B 32, context 1024), linearity R²;
+6. validation of stage 3's profile: ``fleetsim validate`` on the same device (200 Azure-conversation requests,
+   lock-step then real time, twice: the engine's own spread), into ``DIR/validation/`` — what
+   ``python -m calibration.rescore`` scores again later with a refitted profile, on any machine.
 
 Every stage runs inside its own guard: a failure is recorded (with its traceback) and the next stage still
 runs, because device time is scarce. A wall-clock deadline skips stages that would not finish.
 
 ``--dry-run`` runs the same code path on CPU with tiny shapes in seconds (tested in CI).
+
+On the lent H200 (its image has torch and triton but not pydantic, plotly or simpy, and no shared traces),
+with those wheels downloaded for Python 3.12 into an ignored ``.whl/`` beside a copy of
+``azure_llm_2023_conv.csv`` (``/work/.library/device/README.md`` says how), one call does everything:
+
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD;
+    python3 -m calibration.device_run --out /tmp/dr --trace $PWD/.whl/azure_llm_2023_conv.csv > $OUT/log.txt 2>&1;
+    tar czf $OUT/results.tgz -C /tmp dr
+
+(2026-12-04: stages 1-5 took 101 s and the validation 370 s of a 7.5-minute call.)
 """
 
 from __future__ import annotations
@@ -54,6 +67,10 @@ class Plan:
     scaling_layers: tuple[int, ...]
     scaling_batch: int
     scaling_context: int
+    validate_requests: int
+    validate_repeat: bool
+    validate_max_prompt: int
+    validate_max_output: int
     threads: int | None = None
 
 
@@ -63,6 +80,7 @@ def gpu_plan() -> Plan:
         gemm_size=8192, check_model="llama-3-8b", check_layers=2, grid="gpu", grid_model="llama-3-8b",
         layer_models=("llama-3-70b", "llama-3-405b"), layer_tp=8, layer_counts=(2, 4), layer_grid_quick=False,
         scaling_model="llama-3-8b", scaling_layers=(4, 8, 16, 32), scaling_batch=32, scaling_context=1024,
+        validate_requests=200, validate_repeat=True, validate_max_prompt=1024, validate_max_output=128,
     )
 
 
@@ -72,6 +90,7 @@ def dry_plan() -> Plan:
         gemm_size=256, check_model="tiny", check_layers=2, grid="ci", grid_model="tiny",
         layer_models=("tiny",), layer_tp=2, layer_counts=(1, 2), layer_grid_quick=True,
         scaling_model="tiny", scaling_layers=(1, 2, 4), scaling_batch=4, scaling_context=64, threads=1,
+        validate_requests=6, validate_repeat=False, validate_max_prompt=48, validate_max_output=6,
     )
 
 
@@ -351,6 +370,35 @@ def stage_scaling(plan: Plan, out: Path) -> dict[str, Any]:
             "r2": line.r2}
 
 
+def stage_validate(plan: Plan, out: Path, *, trace: str | None, progress: bool) -> dict[str, Any]:
+    """``fleetsim validate`` of the grid stage's profile on the same device: its fidelity summary, the
+    files in ``out/validation``."""
+    from calibration.calibrate import hardware_label
+    from calibration.validate import ValidationOptions, validate
+
+    profile = out / f"{hardware_label(plan.device).lower()}-{plan.grid_model}-tp1-measured.yaml"
+    if not profile.is_file():
+        raise FileNotFoundError(f"{profile.name}: the grid stage wrote no profile to validate")
+    options = ValidationOptions(profile=str(profile), device=plan.device, num_requests=plan.validate_requests,
+                                repeat_realtime=plan.validate_repeat, max_prompt_tokens=plan.validate_max_prompt,
+                                max_output_tokens=plan.validate_max_output, threads=plan.threads,
+                                **({"trace": trace} if trace else {}))
+    report = validate(options, out_dir=out / "validation", progress=progress)
+    _free(plan)
+    fidelity = report.fidelity
+    result: dict[str, Any] = {"profile": profile.name, "requests": plan.validate_requests,
+                              "rate_rps": fidelity["rate_rps"], "folder": "validation"}
+    for metric in ("ttft", "tpot", "e2e"):
+        if metric in fidelity:
+            result[metric] = {k: v for k, v in fidelity[metric].items() if k.endswith("_err")}
+    if "lockstep" in fidelity:
+        result["lockstep_per_step_device_mape"] = fidelity["lockstep"]["per_step_device"]["mape"]
+    if "repeat" in fidelity:
+        result["engine_vs_engine"] = {m: {k: v for k, v in fidelity["repeat"]["engine_vs_engine"][m].items()
+                                          if k.endswith("_err")} for m in ("ttft", "tpot", "e2e")}
+    return result
+
+
 def _free(plan: Plan) -> None:
     import gc
 
@@ -365,8 +413,9 @@ def _free(plan: Plan) -> None:
 
 
 def run(out: str | Path, *, dry_run: bool = False, deadline_s: float = DEFAULT_DEADLINE_S,
-        progress: bool = True, stages: tuple[str, ...] | None = None) -> dict[str, Any]:
-    """Run every stage (or those named) in order; returns the summary (also in ``out/summary.json``)."""
+        progress: bool = True, stages: tuple[str, ...] | None = None, trace: str | None = None) -> dict[str, Any]:
+    """Run every stage (or those named) in order; returns the summary (also in ``out/summary.json``).
+    ``trace``: the Azure-format trace the validation replays (default: the shared traces folder's)."""
     import torch
 
     plan = dry_plan() if dry_run else gpu_plan()
@@ -389,6 +438,7 @@ def run(out: str | Path, *, dry_run: bool = False, deadline_s: float = DEFAULT_D
         ("grid", lambda: stage_grid(plan, out, progress=progress)),
         *[(f"layers-{m}", (lambda m=m: stage_layers(plan, out, m, progress=progress))) for m in plan.layer_models],
         ("scaling", lambda: stage_scaling(plan, out)),
+        ("validate", lambda: stage_validate(plan, out, trace=trace, progress=progress)),
     ]
     for name, job in jobs:
         if stages is not None and not any(name.startswith(s) for s in stages):
@@ -417,9 +467,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE_S, help="skip stages after this")
     parser.add_argument("--stages", nargs="*", default=None, help="only these stages (prefix match)")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--trace", default=None, help="Azure-format trace the validation replays (default: shared)")
     args = parser.parse_args(argv)
     result = run(args.out, dry_run=args.dry_run, deadline_s=args.deadline, progress=not args.quiet,
-                 stages=tuple(args.stages) if args.stages else None)
+                 stages=tuple(args.stages) if args.stages else None, trace=args.trace)
     failed = [n for n, s in result["stages"].items() if s.get("status") == "failed"]
     return 1 if failed else 0
 
