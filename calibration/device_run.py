@@ -32,6 +32,7 @@ with those wheels downloaded for Python 3.12 into an ignored ``.whl/`` beside a 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import time
@@ -381,8 +382,9 @@ def stage_validate(plan: Plan, out: Path, *, trace: str | None, progress: bool) 
         raise FileNotFoundError(f"{profile.name}: the grid stage wrote no profile to validate")
     options = ValidationOptions(profile=str(profile), device=plan.device, num_requests=plan.validate_requests,
                                 repeat_realtime=plan.validate_repeat, max_prompt_tokens=plan.validate_max_prompt,
-                                max_output_tokens=plan.validate_max_output, threads=plan.threads,
-                                **({"trace": trace} if trace else {}))
+                                max_output_tokens=plan.validate_max_output, threads=plan.threads)
+    if trace:
+        options = dataclasses.replace(options, trace=trace)
     report = validate(options, out_dir=out / "validation", progress=progress)
     _free(plan)
     fidelity = report.fidelity
