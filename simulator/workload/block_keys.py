@@ -123,6 +123,12 @@ class BlockKeys(Protocol):
         or None when any block may be shared."""
         ...
 
+    @property
+    def repeats_session_prefix(self) -> bool:
+        """Whether a session's turn carries every hash of the session's previous turn as its first hashes (the
+        workload then hands the later turn the earlier one's hash objects instead of making equal ones)."""
+        ...
+
     def split_hashes(self, start: int, stop: int) -> SplitHashes | None:
         """The hashes up to each request's private blocks, and those blocks' as tails; None when the keys
         cannot say (every hash is then a value: ``hashes``)."""
@@ -153,6 +159,7 @@ class SyntheticBlockKeys:
     ) -> None:
         self._prefix_tag = _namespace_key(seed, BlockTag.SYSTEM_PROMPT)
         self._stream_tag = _namespace_key(seed, stream_tag)
+        self._sessions = stream_tag is BlockTag.SESSION
         self._block_size = block_size
         self._stream_id = stream_id
         self._hashed_tokens = hashed_tokens
@@ -168,6 +175,12 @@ class SyntheticBlockKeys:
 
     def keys(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         return self._keys(start, stop, self._hashed_tokens[start:stop] // self._block_size)
+
+    @property
+    def repeats_session_prefix(self) -> bool:
+        """A session's stream: turn k + 1 walks it further from the same system prompt, so its first keys are
+        turn k's full-block keys (and they hash alike: no chaining)."""
+        return self._sessions
 
     def _keys(self, start: int, stop: int, num_blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The keys of the first ``num_blocks`` blocks of each request."""
@@ -239,6 +252,11 @@ class MooncakeBlockKeys:
     def private_from(self, start: int, stop: int) -> np.ndarray | None:
         """None: any two requests may carry the same ids."""
         return None
+
+    @property
+    def repeats_session_prefix(self) -> bool:
+        """False: a trace's later turn need not repeat every block of an earlier one."""
+        return False
 
     def split_hashes(self, start: int, stop: int) -> SplitHashes | None:
         """None: no block is private."""

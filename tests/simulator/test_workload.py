@@ -441,3 +441,22 @@ def test_specs_built_in_chunks_match_one_by_one() -> None:
     assert len(bounds) > 5 and len(set(np.diff(bounds).tolist())) > 1, "one chunk size: nothing tested"
     for spec in workload.specs():
         assert list(spec.block_hashes) == list(workload.block_hashes(spec.request_id))
+
+
+def test_session_turns_share_their_previous_turns_hash_objects() -> None:
+    """A later turn's first hashes are its previous turn's very int objects (a prefix-cache lookup then meets
+    the keys the cache holds, and a turn costs only its new blocks' ints), across chunks too; a session's
+    entry is dropped at its last turn, so a whole pass holds nothing at its end."""
+    workload = generate(session_config(), seed=6, block_size=BLOCK)
+    sessions = turns_by_session(workload)
+    shared = 0
+    for turns in sessions.values():
+        for before, after in itertools.pairwise(turns):
+            n = len(before.block_hashes)
+            assert all(a is b for a, b in zip(after.block_hashes[:n], before.block_hashes, strict=True))
+            shared += n
+    assert shared > 10_000
+    held: dict[int, tuple[int, ...]] = {}
+    for start, stop in itertools.pairwise(workload._chunk_bounds(True)):
+        workload._chunk(start, stop, sessions=held)
+    assert held == {}
