@@ -129,6 +129,15 @@ class BlockKeys(Protocol):
         workload then hands the later turn the earlier one's hash objects instead of making equal ones)."""
         ...
 
+    @property
+    def prefix_blocks(self) -> int:
+        """Blocks of a system prompt that every request with that prompt carries alike (0: none)."""
+        ...
+
+    def prefix_ids(self, start: int, stop: int) -> np.ndarray | None:
+        """Each request's system prompt (-1: none), or None without system prompts."""
+        ...
+
     def split_hashes(self, start: int, stop: int) -> SplitHashes | None:
         """The hashes up to each request's private blocks, and those blocks' as tails; None when the keys
         cannot say (every hash is then a value: ``hashes``)."""
@@ -181,6 +190,14 @@ class SyntheticBlockKeys:
         """A session's stream: turn k + 1 walks it further from the same system prompt, so its first keys are
         turn k's full-block keys (and they hash alike: no chaining)."""
         return self._sessions
+
+    @property
+    def prefix_blocks(self) -> int:
+        """A block wholly inside the system prompt is keyed by (prompt, position) alone."""
+        return self._prefix_blocks if self._prefix_id is not None else 0
+
+    def prefix_ids(self, start: int, stop: int) -> np.ndarray | None:
+        return None if self._prefix_id is None else self._prefix_id[start:stop]
 
     def _keys(self, start: int, stop: int, num_blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The keys of the first ``num_blocks`` blocks of each request."""
@@ -257,6 +274,14 @@ class MooncakeBlockKeys:
     def repeats_session_prefix(self) -> bool:
         """False: a trace's later turn need not repeat every block of an earlier one."""
         return False
+
+    @property
+    def prefix_blocks(self) -> int:
+        """0: shared prefixes are whatever the trace's ids share, found by the prefix cache itself."""
+        return 0
+
+    def prefix_ids(self, start: int, stop: int) -> np.ndarray | None:
+        return None
 
     def split_hashes(self, start: int, stop: int) -> SplitHashes | None:
         """None: no block is private."""

@@ -11,6 +11,7 @@ import numpy as np
 
 from simulator.core.request import RequestSpec, specs_from_columns
 from simulator.workload.block_keys import BlockKeys
+from simulator.workload.shared_hashes import SharedHashes
 
 _ITER_CHUNK = 4096
 """At most this many requests have their specs built together while iterating (numpy calls amortised)."""
@@ -74,12 +75,10 @@ class Workload:
         in which nothing reads them (no replica caches prefixes): deriving them is most of the cost of
         building a spec."""
         keys = self._block_keys
-        # A session's turns share their first hashes: each later turn takes the earlier one's hash objects
-        # (by session, until its last turn) rather than equal ones made anew, so a prefix-cache lookup meets
-        # the very keys the cache holds and a request costs only its new blocks' ints.
-        sessions: dict[int, tuple[int, ...]] | None = (
-            {} if block_hashes and keys is not None and keys.repeats_session_prefix else None)
-        chunks = (self._chunk(start, stop, block_hashes=block_hashes, sessions=sessions)
+        # Hashes that requests share (a session's earlier turns, a system prompt) as the same int objects.
+        shared = (SharedHashes() if block_hashes and keys is not None
+                  and (keys.repeats_session_prefix or keys.prefix_blocks) else None)
+        chunks = (self._chunk(start, stop, block_hashes=block_hashes, shared=shared)
                   for start, stop in itertools.pairwise(self._chunk_bounds(block_hashes)))
         return itertools.chain.from_iterable(chunks)  # the next spec is a C-level step, not a generator's
 
@@ -144,8 +143,8 @@ class Workload:
         return _tuples(*self._block_keys.hashes(start, stop))
 
     def _chunk(self, start: int, stop: int, *, block_hashes: bool = True,
-               sessions: dict[int, tuple[int, ...]] | None = None) -> list[RequestSpec]:
-        """Specs of requests [start, stop); ``sessions``: each open session's last turn's hashes (``iter_specs``)."""
+               shared: SharedHashes | None = None) -> list[RequestSpec]:
+        """Specs of requests [start, stop); ``shared``: the hashes earlier chunks made that these share."""
         columns = (
             start,
             self.arrival_s[start:stop].tolist(),
@@ -159,72 +158,31 @@ class Workload:
         split = keys.split_hashes(start, stop)
         if split is None:
             private = keys.private_from(start, stop)
-            if sessions is None:
+            if shared is None:
                 hashes = self._hashes(start, stop)
             else:
-                hashes = _session_tuples(*keys.hashes(start, stop), columns[4], private, sessions)
+                hashes = self._shared(shared, *keys.hashes(start, stop), keys, start, stop, columns[4], private)
             return specs_from_columns(*columns, hashes, None if private is None else private.tolist())
         # Private blocks as tails (derived only if something reads them: most requests finish first).
-        tuples = (_tuples(split.values, split.offsets) if sessions is None else
-                  _session_tuples(split.values, split.offsets, columns[4], split.private_from, sessions))
+        tuples = (_tuples(split.values, split.offsets) if shared is None else
+                  self._shared(shared, split.values, split.offsets, keys, start, stop, columns[4], split.private_from))
         return specs_from_columns(*columns, tuples, split.private_from.tolist(),
                                   split.tail_key.tolist(), split.tail_stop.tolist())
+
+    @staticmethod
+    def _shared(shared: SharedHashes, values: np.ndarray, offsets: np.ndarray, keys: BlockKeys, start: int, stop: int,
+                session_id: list[int], private_from: np.ndarray | None) -> list[tuple[int, ...]]:
+        """``SharedHashes.tuples`` of requests [start, stop): a session's last turn is the one whose own blocks
+        are private (the generator marks only those)."""
+        last = [False] * (stop - start) if private_from is None else (private_from >= 0).tolist()
+        return shared.tuples(values, offsets, session_id=session_id if keys.repeats_session_prefix else None,
+                             last=last, prefix_id=keys.prefix_ids(start, stop), prefix_blocks=keys.prefix_blocks)
 
 
 def _tuples(values: np.ndarray, offsets: np.ndarray) -> list[tuple[int, ...]]:
     """Each request's hashes as a tuple of Python ints (as RequestSpec declares), from values back to back."""
     hashes = values.tolist()
     return [tuple(hashes[a:b]) for a, b in itertools.pairwise(offsets.tolist())]
-
-
-def _session_tuples(values: np.ndarray, offsets: np.ndarray, session_id: list[int], private_from: np.ndarray | None,
-                    sessions: dict[int, tuple[int, ...]]) -> list[tuple[int, ...]]:
-    """``_tuples`` for turns of sessions whose hashes repeat their previous turn's (``BlockKeys
-    .repeats_session_prefix``): a turn's tuple is its session's previous one (the same int objects) followed
-    by its new hashes, and only those become Python ints. ``sessions`` holds each session's latest tuple
-    across chunks; a session's last turn (``private_from`` >= 0: its own blocks are private) drops it."""
-    bounds = offsets.tolist()
-    n = len(bounds) - 1
-    last = [False] * n if private_from is None else (private_from >= 0).tolist()
-    # How many hashes each turn takes from its session's previous turn (which may be in this chunk too).
-    reused = [0] * n
-    seen: dict[int, int] = {}  # the latest length of each session met in this chunk (0 once it has ended)
-    for i in range(n):
-        session = session_id[i]
-        if session < 0:
-            continue
-        length = bounds[i + 1] - bounds[i]
-        previous = seen.get(session)
-        if previous is None:
-            earlier = sessions.get(session)
-            previous = len(earlier) if earlier is not None else 0
-        reused[i] = min(previous, length)
-        seen[session] = 0 if last[i] else length
-    starts = offsets[:-1] + np.asarray(reused, dtype=np.int64)
-    lengths = offsets[1:] - starts
-    new_offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=new_offsets[1:])
-    # Positions of the new hashes, request after request: each request's run of them, back to back.
-    positions = np.arange(int(new_offsets[-1]), dtype=np.int64) + np.repeat(starts - new_offsets[:-1], lengths)
-    new = values[positions].tolist()
-    new_bounds = new_offsets.tolist()
-    tuples: list[tuple[int, ...]] = []
-    for i in range(n):
-        fresh = tuple(new[new_bounds[i]:new_bounds[i + 1]])
-        session = session_id[i]
-        if reused[i]:
-            earlier = sessions[session]
-            head = earlier if reused[i] == len(earlier) else earlier[:reused[i]]
-            hashes = head + fresh if fresh else head
-        else:
-            hashes = fresh
-        tuples.append(hashes)
-        if session >= 0:
-            if last[i]:
-                sessions.pop(session, None)
-            else:
-                sessions[session] = hashes
-    return tuples
 
 
 def _frozen(values: np.ndarray, dtype: type[np.generic]) -> np.ndarray:

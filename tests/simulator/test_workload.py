@@ -18,6 +18,7 @@ from simulator.workload.block_keys import chain_hashes
 from simulator.workload.config import WorkloadConfig
 from simulator.workload.generate import generate
 from simulator.workload.lengths import LENGTH_DISTRIBUTIONS
+from simulator.workload.shared_hashes import SharedHashes
 from simulator.workload.workload import Workload
 
 BLOCK = 16
@@ -456,7 +457,32 @@ def test_session_turns_share_their_previous_turns_hash_objects() -> None:
             assert all(a is b for a, b in zip(after.block_hashes[:n], before.block_hashes, strict=True))
             shared += n
     assert shared > 10_000
-    held: dict[int, tuple[int, ...]] = {}
+    held = SharedHashes()
     for start, stop in itertools.pairwise(workload._chunk_bounds(True)):
-        workload._chunk(start, stop, sessions=held)
-    assert held == {}
+        workload._chunk(start, stop, shared=held)
+    assert held.num_open_sessions == 0
+
+
+@pytest.mark.parametrize("sessions", [True, False])
+def test_requests_with_one_system_prompt_share_its_hash_objects(sessions: bool) -> None:
+    """Every request with a system prompt starts with that prompt's very hash objects (sessions or not), and
+    every tuple equals the one the plain path makes value for value, private tails included."""
+    fields: dict[str, Any] = {"system_prompts": {"num_prompts": 3, "tokens": 160}}
+    workload = generate(session_config(**fields) if sessions else config(num_requests=2000, **fields),
+                        seed=4, block_size=BLOCK)
+    specs = workload.specs()
+    plain = [spec for start, stop in itertools.pairwise(workload._chunk_bounds(True))
+             for spec in workload._chunk(start, stop)]
+    assert [s.block_hashes for s in specs] == [s.block_hashes for s in plain]
+    assert [(s.private_from, s._tail) for s in specs] == [(s.private_from, s._tail) for s in plain]
+    prompt_blocks = 160 // BLOCK
+    first_of: dict[int, tuple[int, ...]] = {}
+    shared = 0
+    for spec in specs:
+        head = spec.block_hashes[:prompt_blocks]
+        if len(head) < prompt_blocks:
+            continue
+        owner = first_of.setdefault(head[0], head)  # the first hash names the prompt (position 0)
+        assert all(a is b for a, b in zip(head, owner, strict=True))
+        shared += owner is not head
+    assert shared > 1000 and len(first_of) == 3
