@@ -14,7 +14,8 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from simulator.errors import ConfigError
 
@@ -80,9 +81,12 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
-def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None,
+                 plugins: Sequence[Callable[[Any], None]] = ()) -> argparse.ArgumentParser:
     """The parser for ``argv`` (None: the process's arguments): when it names one of the simulator's own
-    commands, only that command family's; otherwise every command, the installed plugins' too."""
+    commands, only that command family's; otherwise every command, the installed plugins' too, and
+    ``plugins``' (``register`` functions of command families a checkout that was never installed has no
+    entry point for: ``python -m calibration``)."""
     parser = argparse.ArgumentParser(prog="fleetsim", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -95,13 +99,18 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
     for module in PLUGINS.values():
         importlib.import_module(module).register(sub)
+    for register in plugins:
+        register(sub)
     for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        entry.load()(sub)
+        register = entry.load()
+        if register not in plugins:  # installed too: registered once
+            register(sub)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser(argv)  # imports the command's module only: not numpy yet (test_startup checks)
+def main(argv: Sequence[str] | None = None, plugins: Sequence[Callable[[Any], None]] = ()) -> int:
+    """``fleetsim``; ``plugins``: further command families' ``register`` functions (``build_parser``)."""
+    parser = build_parser(argv, plugins)  # imports the command's module only: not numpy yet (test_startup checks)
     args = parser.parse_args(argv)
     if argv is None and args.command in SIMULATING:
         os.environ.setdefault(BLAS_THREADS_ENV, "1")

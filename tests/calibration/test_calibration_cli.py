@@ -83,3 +83,20 @@ def test_calibrate_refuses_to_resume_a_csv_of_other_settings_before_loading_the_
     assert err.count("\n") == 1 and "measured with other settings" in err and named in err, err
     assert (settings.csv_path.read_bytes(), sidecar_path(settings.csv_path).read_bytes()) == before
     assert not out.exists()
+
+
+def test_python_m_calibration_runs_the_commands_from_a_checkout(capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m calibration`` is ``fleetsim`` with the calibration commands registered by hand (a lent GPU's
+    bare copy has no entry points); installed as well, they register once, not twice."""
+    import subprocess
+    import sys
+
+    from calibration.cli import register
+
+    with pytest.raises(SystemExit) as done:
+        main(["validate", "--help"], plugins=(register,))
+    assert done.value.code == 0 and "--profile" in capsys.readouterr().out
+    ran = subprocess.run([sys.executable, "-m", "calibration", "validate", "--profile", "no-such-profile"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert ran.returncode == EXIT_USAGE
+    assert ran.stderr.count("\n") == 1 and "no-such-profile" in ran.stderr
