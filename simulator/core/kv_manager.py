@@ -114,12 +114,18 @@ class KVManager:
                 # cannot hold one of them, so the lookup ends where the values do (at the tail's first
                 # block, a miss, either way).
                 max_blocks = len(hashes)
-        hits: list[Any] = []
-        for index in range(max_blocks):
-            block = cached.get(hashes[index])
+        # The list at its largest size first, cut after the walk: appending would grow (reallocate and copy)
+        # it a dozen times for a hundred hits.
+        hits: list[Any] = [None] * max_blocks
+        count: i64 = 0
+        while count < max_blocks:
+            block = cached.get(hashes[count])
             if block is None:
                 break
-            hits.append(block)
+            hits[count] = block
+            count += 1
+        if count < max_blocks:
+            del hits[count:]
         return hits
 
     def prefix_match_blocks(self, block_hashes: Sequence[int]) -> int:
