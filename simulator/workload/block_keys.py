@@ -138,6 +138,23 @@ class BlockKeys(Protocol):
         """Each request's system prompt (-1: none), or None without system prompts."""
         ...
 
+    def prefix_values(self, prompts: list[int]) -> np.ndarray:
+        """The ``prefix_blocks`` hashes of each of these system prompts, back to back."""
+        ...
+
+    def value_counts(self, start: int, stop: int) -> np.ndarray:
+        """How many hashes of each request are values: all of ``hashes``', or ``split_hashes``' up to its tail."""
+        ...
+
+    def values_from(self, start: int, stop: int, first: np.ndarray) -> np.ndarray:
+        """The value hashes of each request from its block ``first[i]`` on (to ``value_counts``), back to back:
+        what a request still needs when its first hashes are another's (``workload.shared_hashes``)."""
+        ...
+
+    def tails(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """``split_hashes``' ``tail_key`` and ``tail_stop`` without its values; None where it is None."""
+        ...
+
     def split_hashes(self, start: int, stop: int) -> SplitHashes | None:
         """The hashes up to each request's private blocks, and those blocks' as tails; None when the keys
         cannot say (every hash is then a value: ``hashes``)."""
@@ -199,9 +216,48 @@ class SyntheticBlockKeys:
     def prefix_ids(self, start: int, stop: int) -> np.ndarray | None:
         return None if self._prefix_id is None else self._prefix_id[start:stop]
 
-    def _keys(self, start: int, stop: int, num_blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The keys of the first ``num_blocks`` blocks of each request."""
-        offsets, row, position = block_positions(num_blocks)
+    def prefix_values(self, prompts: list[int]) -> np.ndarray:
+        """Block j < prefix_blocks of prompt p is keyed by (p, j) and the prompt's tag, as ``_keys`` keys it."""
+        position = np.tile(np.arange(self._prefix_blocks, dtype=np.uint64), len(prompts))
+        owner = np.repeat(np.asarray(prompts, dtype=np.uint64), self._prefix_blocks)
+        return _mix_into(((owner << np.uint64(32)) | position) ^ np.uint64(self._prefix_tag))
+
+    def value_counts(self, start: int, stop: int) -> np.ndarray:
+        num_blocks = self._hashed_tokens[start:stop] // self._block_size
+        tailed = self._tailed(start, stop, num_blocks)
+        return num_blocks if tailed is None else np.where(tailed[1], tailed[0], num_blocks)
+
+    def values_from(self, start: int, stop: int, first: np.ndarray) -> np.ndarray:
+        return self._keys(start, stop, self.value_counts(start, stop), first)[0]
+
+    def tails(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray] | None:
+        num_blocks = self._hashed_tokens[start:stop] // self._block_size
+        tailed = self._tailed(start, stop, num_blocks)
+        if tailed is None:
+            return None
+        stream = self._stream_id[start:stop].astype(np.uint64) << np.uint64(32)
+        return (np.where(tailed[1], stream ^ self._stream_tag, np.uint64(0)),
+                np.where(tailed[1], num_blocks, -1))
+
+    def _tailed(self, start: int, stop: int, num_blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(``private_from``, whether each request has a private tail: its own blocks from there on), or None
+        without private blocks."""
+        private = self.private_from(start, stop)
+        if private is None:
+            return None
+        floor = np.zeros(len(private), dtype=np.int64)
+        if self._prefix_id is not None:
+            floor = np.where(self._prefix_id[start:stop] >= 0, self._prefix_blocks, 0)
+        return private, (private >= floor) & (private < num_blocks)
+
+    def _keys(self, start: int, stop: int, num_blocks: np.ndarray,
+              first: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The keys of the first ``num_blocks`` blocks of each request (from block ``first[i]`` on, if given)."""
+        if first is None:
+            offsets, row, position = block_positions(num_blocks)
+        else:
+            offsets, row, position = block_positions(num_blocks - first)
+            position += first[row]
         owner = self._stream_id[start:stop][row]
         tag = np.full(len(row), self._stream_tag, dtype=np.uint64)
         if self._prefix_id is not None:
@@ -228,23 +284,15 @@ class SyntheticBlockKeys:
         """A private block's key names its own stream and position (never the system prompt's, which ends
         before ``private_from``): its hash is ``splitmix64(((stream << 32) | j) ^ tag)``, a tail's rule with
         key ``(stream << 32) ^ tag``. Only the blocks before ``private_from`` are derived here."""
-        private = self.private_from(start, stop)
-        if private is None:
-            return None
         num_blocks = self._hashed_tokens[start:stop] // self._block_size
-        floor = np.zeros(len(private), dtype=np.int64)
-        if self._prefix_id is not None:
-            floor = np.where(self._prefix_id[start:stop] >= 0, self._prefix_blocks, 0)
-        tailed = (private >= floor) & (private < num_blocks)
+        split = self._tailed(start, stop, num_blocks)
+        tails = self.tails(start, stop)
+        if split is None or tails is None:
+            return None
+        private, tailed = split
         values, offsets = self._keys(start, stop, np.where(tailed, private, num_blocks))
-        stream = self._stream_id[start:stop].astype(np.uint64) << np.uint64(32)
-        return SplitHashes(
-            values=values,
-            offsets=offsets,
-            private_from=private,
-            tail_key=np.where(tailed, stream ^ self._stream_tag, np.uint64(0)),
-            tail_stop=np.where(tailed, num_blocks, -1),
-        )
+        return SplitHashes(values=values, offsets=offsets, private_from=private, tail_key=tails[0],
+                           tail_stop=tails[1])
 
 
 class MooncakeBlockKeys:
@@ -281,6 +329,22 @@ class MooncakeBlockKeys:
         return 0
 
     def prefix_ids(self, start: int, stop: int) -> np.ndarray | None:
+        return None
+
+    def prefix_values(self, prompts: list[int]) -> np.ndarray:
+        """None to give: ``prefix_blocks`` is 0."""
+        return np.zeros(0, dtype=np.uint64)
+
+    def value_counts(self, start: int, stop: int) -> np.ndarray:
+        return np.diff(self.keys(start, stop)[1])
+
+    def values_from(self, start: int, stop: int, first: np.ndarray) -> np.ndarray:
+        """The chained hashes, every one derived (a chain cannot start in its middle), then cut."""
+        values, offsets = self.hashes(start, stop)
+        _, row, position = block_positions(np.diff(offsets))
+        return values[position >= first[row]]
+
+    def tails(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray] | None:
         return None
 
     def split_hashes(self, start: int, stop: int) -> SplitHashes | None:

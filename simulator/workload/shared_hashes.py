@@ -11,6 +11,8 @@ The values are the same as ``Workload``'s plain path makes (a test compares them
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 
@@ -30,20 +32,25 @@ class SharedHashes:
     def num_open_sessions(self) -> int:
         return len(self._sessions)
 
-    def tuples(self, values: np.ndarray, offsets: np.ndarray, *, session_id: list[int] | None, last: list[bool],
-               prefix_id: np.ndarray | None, prefix_blocks: int) -> list[tuple[int, ...]]:
-        """Request i's hashes are ``values[offsets[i]:offsets[i + 1]]``, as a tuple. ``session_id``: each
-        request's session (< 0: none), or None when turns do not repeat their previous turn's hashes;
-        ``last``: whether it is its session's last turn (its session's tuple is dropped then);
-        ``prefix_id``: each request's system prompt (< 0: none), whose first ``prefix_blocks`` hashes all
-        its requests share (None: none)."""
-        bounds = offsets.tolist()
-        n = len(bounds) - 1
+    def tuples(self, counts: np.ndarray, values_from: Callable[[np.ndarray], np.ndarray], *,
+               session_id: list[int] | None, last: list[bool], prefix_id: np.ndarray | None, prefix_blocks: int,
+               prefix_values: Callable[[list[int]], np.ndarray]) -> list[tuple[int, ...]]:
+        """Request i's ``counts[i]`` hashes as a tuple. ``values_from(first)``: the hashes of each request from
+        its block ``first[i]`` on, back to back (``BlockKeys.values_from``): only those are derived and made
+        ints. ``session_id``: each request's session (< 0: none), or None when turns do not repeat their
+        previous turn's hashes; ``last``: whether it is its session's last turn (its session's tuple is
+        dropped then); ``prefix_id``: each request's system prompt (< 0: none), whose first
+        ``prefix_blocks`` hashes all its requests share (None: none), ``prefix_values(prompts)`` those hashes
+        of each prompt, back to back (``BlockKeys.prefix_values``)."""
+        lengths = counts.tolist()
+        n = len(lengths)
         prefixes = self._prefixes
-        prompts: list[int] = [-1] * n
-        if prefix_id is not None and prefix_blocks > 0:
-            prompts = prefix_id.tolist()
-            self._learn_prefixes(values, bounds, prompts, prefix_blocks)
+        prompts: list[int] = prefix_id.tolist() if prefix_id is not None and prefix_blocks > 0 else [-1] * n
+        unknown = sorted({p for p in prompts if p >= 0 and p not in prefixes})
+        if unknown:
+            known = prefix_values(unknown).tolist()
+            for k, prompt in enumerate(unknown):
+                prefixes[prompt] = tuple(known[k * prefix_blocks:(k + 1) * prefix_blocks])
         sessions = self._sessions
         # How many hashes each request takes from its session's previous turn (in this chunk or before) or
         # else from its system prompt, and which (True: the session's).
@@ -51,7 +58,7 @@ class SharedHashes:
         from_session = [False] * n
         seen: dict[int, int] = {}  # the latest length of each session met in this chunk (0 once it ended)
         for i in range(n):
-            length = bounds[i + 1] - bounds[i]
+            length = lengths[i]
             session = session_id[i] if session_id is not None else -1
             if session >= 0:
                 previous = seen.get(session)
@@ -66,18 +73,14 @@ class SharedHashes:
             prompt = prompts[i]
             if prompt >= 0 and prompt in prefixes:
                 reused[i] = min(prefix_blocks, length)
-        starts = offsets[:-1] + np.asarray(reused, dtype=np.int64)
-        lengths = offsets[1:] - starts
-        new_offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(lengths, out=new_offsets[1:])
-        # Positions of the hashes still to make, request after request: each request's run, back to back.
-        positions = np.arange(int(new_offsets[-1]), dtype=np.int64) + np.repeat(starts - new_offsets[:-1], lengths)
-        new = values[positions].tolist()
-        new_bounds = new_offsets.tolist()
+        new = values_from(np.asarray(reused, dtype=np.int64)).tolist()
         tuples: list[tuple[int, ...]] = []
+        at = 0
         for i in range(n):
-            fresh = tuple(new[new_bounds[i]:new_bounds[i + 1]])
             take = reused[i]
+            end = at + lengths[i] - take
+            fresh = tuple(new[at:end])
+            at = end
             session = session_id[i] if session_id is not None else -1
             if take:
                 source = sessions[session] if from_session[i] else prefixes[prompts[i]]
@@ -92,10 +95,3 @@ class SharedHashes:
                 else:
                     sessions[session] = hashes
         return tuples
-
-    def _learn_prefixes(self, values: np.ndarray, bounds: list[int], prompts: list[int], prefix_blocks: int) -> None:
-        """The hashes of each system prompt met here for the first time, from a request that holds them all."""
-        prefixes = self._prefixes
-        for i, prompt in enumerate(prompts):
-            if prompt >= 0 and prompt not in prefixes and bounds[i + 1] - bounds[i] >= prefix_blocks:
-                prefixes[prompt] = tuple(values[bounds[i]:bounds[i] + prefix_blocks].tolist())

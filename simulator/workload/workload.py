@@ -155,28 +155,32 @@ class Workload:
         keys = self._block_keys if block_hashes else None
         if keys is None:
             return specs_from_columns(*columns, [()] * (stop - start))
+        if shared is not None:
+            return self._shared_chunk(shared, keys, start, stop, columns)
         split = keys.split_hashes(start, stop)
         if split is None:
             private = keys.private_from(start, stop)
-            if shared is None:
-                hashes = self._hashes(start, stop)
-            else:
-                hashes = self._shared(shared, *keys.hashes(start, stop), keys, start, stop, columns[4], private)
-            return specs_from_columns(*columns, hashes, None if private is None else private.tolist())
+            return specs_from_columns(*columns, self._hashes(start, stop),
+                                      None if private is None else private.tolist())
         # Private blocks as tails (derived only if something reads them: most requests finish first).
-        tuples = (_tuples(split.values, split.offsets) if shared is None else
-                  self._shared(shared, split.values, split.offsets, keys, start, stop, columns[4], split.private_from))
-        return specs_from_columns(*columns, tuples, split.private_from.tolist(),
+        return specs_from_columns(*columns, _tuples(split.values, split.offsets), split.private_from.tolist(),
                                   split.tail_key.tolist(), split.tail_stop.tolist())
 
     @staticmethod
-    def _shared(shared: SharedHashes, values: np.ndarray, offsets: np.ndarray, keys: BlockKeys, start: int, stop: int,
-                session_id: list[int], private_from: np.ndarray | None) -> list[tuple[int, ...]]:
-        """``SharedHashes.tuples`` of requests [start, stop): a session's last turn is the one whose own blocks
-        are private (the generator marks only those)."""
-        last = [False] * (stop - start) if private_from is None else (private_from >= 0).tolist()
-        return shared.tuples(values, offsets, session_id=session_id if keys.repeats_session_prefix else None,
-                             last=last, prefix_id=keys.prefix_ids(start, stop), prefix_blocks=keys.prefix_blocks)
+    def _shared_chunk(shared: SharedHashes, keys: BlockKeys, start: int, stop: int,
+                      columns: tuple[int, list[float], list[int], list[int], list[int]]) -> list[RequestSpec]:
+        """``_chunk`` deriving only the hashes no earlier request made (``SharedHashes``): a session's last
+        turn is the one whose own blocks are private (the generator marks only those)."""
+        private = keys.private_from(start, stop)
+        last = [False] * (stop - start) if private is None else (private >= 0).tolist()
+        tuples = shared.tuples(keys.value_counts(start, stop), lambda first: keys.values_from(start, stop, first),
+                               session_id=columns[4] if keys.repeats_session_prefix else None, last=last,
+                               prefix_id=keys.prefix_ids(start, stop), prefix_blocks=keys.prefix_blocks,
+                               prefix_values=keys.prefix_values)
+        tails = keys.tails(start, stop)
+        if private is None or tails is None:
+            return specs_from_columns(*columns, tuples, None if private is None else private.tolist())
+        return specs_from_columns(*columns, tuples, private.tolist(), tails[0].tolist(), tails[1].tolist())
 
 
 def _tuples(values: np.ndarray, offsets: np.ndarray) -> list[tuple[int, ...]]:

@@ -486,3 +486,38 @@ def test_requests_with_one_system_prompt_share_its_hash_objects(sessions: bool) 
         assert all(a is b for a, b in zip(head, owner, strict=True))
         shared += owner is not head
     assert shared > 1000 and len(first_of) == 3
+
+
+@pytest.mark.parametrize("kind", ["mooncake", "synthetic"])
+def test_values_from_is_the_hashes_from_each_requests_first_block(kind: str) -> None:
+    """``BlockKeys.values_from(first)`` is each request's value hashes from block ``first[i]`` on, back to back;
+    ``value_counts`` counts them; a synthetic system prompt's ``prefix_values`` are its requests' first hashes."""
+    from simulator.workload.block_keys import BlockTag, MooncakeBlockKeys, SyntheticBlockKeys
+
+    rng = np.random.default_rng(3)
+    n = 40
+    prompt = rng.integers(1, 2000, n)
+    if kind == "mooncake":
+        ids_per_request = prompt // 512 + 1
+        offsets = np.concatenate([[0], np.cumsum(ids_per_request)])
+        ids = rng.integers(0, 50, int(offsets[-1]))
+        keys: Any = MooncakeBlockKeys(block_size=BLOCK, id_values=ids, id_offsets=offsets, prompt_tokens=prompt)
+        values, bounds = keys.hashes(0, n)
+    else:
+        prefix = rng.integers(-1, 3, n)
+        keys = SyntheticBlockKeys(seed=5, block_size=BLOCK, stream_tag=BlockTag.REQUEST, stream_id=np.arange(n),
+                                  hashed_tokens=prompt, prefix_id=prefix, prefix_tokens=96)
+        split = keys.split_hashes(0, n)
+        values, bounds = split.values, split.offsets
+        assert keys.tails(0, n) is not None
+        assert keys.tails(0, n)[1].tolist() == split.tail_stop.tolist()
+        head = keys.prefix_values([0, 2]).tolist()
+        for i in range(n):
+            if prefix[i] in (0, 2) and bounds[i + 1] - bounds[i] >= 6:
+                at = 0 if prefix[i] == 0 else 6
+                assert values[bounds[i]:bounds[i] + 6].tolist() == head[at:at + 6]
+    counts = keys.value_counts(0, n)
+    assert counts.tolist() == np.diff(bounds).tolist()
+    first = np.minimum(rng.integers(0, 8, n), counts)
+    expected = [h for i in range(n) for h in values[bounds[i] + first[i]:bounds[i + 1]].tolist()]
+    assert keys.values_from(0, n, first).tolist() == expected
