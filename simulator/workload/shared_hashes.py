@@ -12,6 +12,7 @@ The values are the same as ``Workload``'s plain path makes (a test compares them
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ class SharedHashes:
         dropped then); ``prefix_id``: each request's system prompt (< 0: none), whose first
         ``prefix_blocks`` hashes all its requests share (None: none), ``prefix_values(prompts)`` those hashes
         of each prompt, back to back (``BlockKeys.prefix_values``)."""
-        lengths = counts.tolist()
+        lengths: list[int] = counts.tolist()
         n = len(lengths)
         prefixes = self._prefixes
         prompts: list[int] = prefix_id.tolist() if prefix_id is not None and prefix_blocks > 0 else [-1] * n
@@ -73,13 +74,14 @@ class SharedHashes:
             prompt = prompts[i]
             if prompt >= 0 and prompt in prefixes:
                 reused[i] = min(prefix_blocks, length)
-        new = values_from(np.asarray(reused, dtype=np.int64)).tolist()
+        # Hashes typed as objects: compiled, they go from list to tuple as they are (no unboxing and re-boxing).
+        new: list[Any] = values_from(np.asarray(reused, dtype=np.int64)).tolist()
         tuples: list[tuple[int, ...]] = []
         at = 0
         for i in range(n):
             take = reused[i]
             end = at + lengths[i] - take
-            fresh = tuple(new[at:end])
+            fresh: tuple[Any, ...] = tuple(new[at:end])
             at = end
             session = session_id[i] if session_id is not None else -1
             if take:
