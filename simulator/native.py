@@ -44,6 +44,7 @@ MODULES = (
     "simulator.fleet.replica",
     "simulator.fleet.arrival_feed",
     "simulator.fleet.loads",
+    "simulator.fleet.hash_ring",
     "simulator.workload.shared_hashes",
 )
 """The modules compiled, all of them on the per-step path."""

@@ -25,7 +25,7 @@ class LoadLevels:
     loads through ``set``; a dynamic fleet's new replica joins at load 0 (``append``). Loads move by one
     request at a time, so keeping ``lowest`` is a step or two per change."""
 
-    __slots__ = ("_counts", "lowest", "values")
+    __slots__ = ("_counts", "lowest", "total", "values")
 
     def __init__(self, size: int) -> None:
         self.values: list[int] = [0] * size
@@ -33,6 +33,8 @@ class LoadLevels:
         """Replicas at each load (index = load)."""
         self.lowest: i64 = 0
         """``min(values)`` (0 while there are none)."""
+        self.total: i64 = 0
+        """``sum(values)``: the fleet's requests (session affinity's capacity reads it per request)."""
 
     def append(self) -> None:
         """A new replica, at load 0."""
@@ -51,6 +53,7 @@ class LoadLevels:
         if new < 0:
             raise ValueError(f"a load must be >= 0, got {value}")
         values[index] = value
+        self.total += new - old
         counts = self._counts
         counts[old] = counts[old] - 1
         while len(counts) <= new:

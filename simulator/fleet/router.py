@@ -12,9 +12,8 @@ salted ``hash()``: routing is part of a seeded run and has to be identical acros
 
 from __future__ import annotations
 
-import bisect
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from operator import attrgetter
 from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, get_args
@@ -23,6 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.core.request import RequestSpec
+from simulator.fleet.hash_ring import AffinityRoute, HashRing
 from simulator.fleet.loads import LeastLoadedRoute, LoadLevels, least_loaded_index
 
 if TYPE_CHECKING:
@@ -141,18 +141,6 @@ _LOAD = attrgetter("load")
 _REPLICA_ID = attrgetter("replica_id")
 
 
-_MASK64 = (1 << 64) - 1
-
-
-def stable_hash64(x: int) -> int:
-    """SplitMix64's finaliser: a fixed 64-bit mix of an integer, identical in every process (unlike
-    ``hash()``), and cheap enough to run per request."""
-    z = (x + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
 # --------------------------------------------------------------------------------------------- policies
 
 
@@ -255,41 +243,6 @@ class PowerOfTwoRouter:
         return min(a, b, key=lambda i: (load_of(views[i]), views[i].replica_id))
 
 
-class HashRing:
-    """Consistent-hash ring: each replica id owns ``virtual_nodes`` pseudo-random points; a key belongs to
-    the first point clockwise from its hash. Adding or removing one replica moves only the keys whose first
-    point changes, about 1/N of them, which is why session caches survive scaling."""
-
-    def __init__(self, replica_ids: Sequence[int], virtual_nodes: int) -> None:
-        # Point of (replica, vnode): hash of the pair packed into one integer, so no two pairs collide
-        # before hashing. Sorting by (point, replica_id) makes even a 64-bit collision deterministic.
-        points = sorted(
-            (stable_hash64((rid << 32) ^ vnode), rid) for rid in replica_ids for vnode in range(virtual_nodes)
-        )
-        self._points = [p for p, _ in points]
-        self._owners = [rid for _, rid in points]
-        self.num_replicas = len(set(replica_ids))
-
-    def owner(self, key: int) -> int:
-        """The first replica id ``walk`` yields for ``key``, without the walk."""
-        start = bisect.bisect_right(self._points, stable_hash64(key))
-        return self._owners[start % len(self._owners)]
-
-    def walk(self, key: int) -> Iterator[int]:
-        """Distinct replica ids in ring order from ``key``'s position: the owner first, then the fallbacks
-        that bounded-load hashing tries in turn. Lazy, because the owner is almost always taken."""
-        start = bisect.bisect_right(self._points, stable_hash64(key))
-        seen: set[int] = set()
-        size = len(self._owners)
-        for step in range(size):
-            rid = self._owners[(start + step) % size]
-            if rid not in seen:
-                seen.add(rid)
-                yield rid
-                if len(seen) == self.num_replicas:
-                    return
-
-
 class SessionAffinityRouter:
     """Consistent hashing with bounded loads (Mirrokni, Thorup and Zadimoghaddam, 2018) on ``session_id``.
 
@@ -328,8 +281,13 @@ class SessionAffinityRouter:
         return self._ring
 
     def capacity(self, views: Sequence[ReplicaView]) -> int:
-        total = sum(views.loads) if isinstance(views, LiveViews) else sum(load_of(v) for v in views)
-        return math.ceil((1.0 + self._epsilon) * (total + 1) / len(views))
+        total = views.levels.total if isinstance(views, LiveViews) else sum(load_of(v) for v in views)
+        return math.ceil((1.0 + self._epsilon) * float(total + 1) / len(views))
+
+    def live_route(self, levels: LoadLevels) -> RouteFn:
+        """``choose`` on live views, as one call (``AffinityRoute``: the same ring, capacity and walk, read off
+        the fleet's load list)."""
+        return AffinityRoute(levels, self._epsilon, self._virtual_nodes)
 
     def choose(self, spec: RequestSpec, views: Sequence[ReplicaView], now_s: float) -> int:
         _check_nonempty(views)

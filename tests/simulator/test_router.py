@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from simulator.core.request import RequestSpec
+from simulator.fleet.hash_ring import AffinityRoute, HashRing, stable_hash64
 from simulator.fleet.loads import LoadLevels, first_min_index, first_min_of, least_loaded_index, least_loaded_of
 from simulator.fleet.router import (
     ROUTERS,
-    HashRing,
     LeastRequestsRouter,
     LiveViews,
     PowerOfTwoRouter,
@@ -30,7 +30,6 @@ from simulator.fleet.router import (
     SessionAffinityRouter,
     load_of,
     make_router,
-    stable_hash64,
 )
 
 
@@ -311,26 +310,36 @@ def test_bounded_load_is_never_exceeded(sessions: list[int], num_replicas: int, 
 
 @settings(max_examples=40, deadline=None)
 @given(
-    placements=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 2)), min_size=1, max_size=120),
+    placements=st.lists(st.tuples(st.integers(-1, 30), st.integers(0, 3)), min_size=1, max_size=120),
     num_replicas=st.integers(1, 8),
     epsilon=st.sampled_from([0.1, 0.25, 1.0]),
 )
 def test_session_affinity_on_live_views_routes_as_on_plain_views(placements: list[tuple[int, int]],
                                                                   num_replicas: int, epsilon: float) -> None:
-    """The live-view path (loads off the fleet's load list, the ring's owner looked up directly) picks what the
-    generic path picks from the replicas themselves, as loads rise and fall; fails with the owner taken past its
-    capacity, or the capacity counted from stale loads."""
+    """The live-view paths (``choose`` on ``LiveViews``, and ``live_route``'s ``AffinityRoute``: loads and their
+    running total off the fleet's load list, the ring's owner looked up directly) pick what the generic path
+    picks from the replicas themselves, as loads rise and fall and replicas join (a new ring); fails with the
+    owner taken past its capacity, the capacity counted from a stale total, or a ring of the old size. Session
+    -1 stands for a request without a session (least loaded)."""
     live_router = SessionAffinityRouter(epsilon=epsilon, virtual_nodes=20)
     plain_router = SessionAffinityRouter(epsilon=epsilon, virtual_nodes=20)
     replicas = fleet(*([0] * num_replicas))
     levels = LoadLevels(num_replicas)
-    live = LiveViews(replicas, levels)
+    route = live_router.live_route(levels)
+    assert isinstance(route, AffinityRoute)
     for i, (session, leave) in enumerate(placements):
-        choice = live_router.choose(spec(i, session_id=session), live, 0.0)
-        assert choice == plain_router.choose(spec(i, session_id=session), tuple(replicas), 0.0)
+        request = spec(i, session_id=None if session < 0 else session)
+        choice = live_router.choose(request, LiveViews(replicas, levels), 0.0)
+        assert choice == plain_router.choose(request, tuple(replicas), 0.0)
+        assert route(request, 0.0) == choice
         replicas[choice].num_running += 1
         levels.set(choice, replicas[choice].load)
-        gone = (choice + leave) % num_replicas  # a request ends somewhere now and then
+        assert levels.total == sum(r.load for r in replicas)
+        if leave == 3:  # a replica joins
+            replicas.append(FakeReplica(replica_id=len(replicas), num_running=0))
+            levels.append()
+            continue
+        gone = (choice + leave) % len(replicas)  # a request ends somewhere now and then
         if leave and replicas[gone].num_running:
             replicas[gone].num_running -= 1
             levels.set(gone, replicas[gone].load)
