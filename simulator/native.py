@@ -45,6 +45,7 @@ MODULES = (
     "simulator.fleet.arrival_feed",
     "simulator.fleet.loads",
     "simulator.fleet.hash_ring",
+    "simulator.fleet.prefix_route",
     "simulator.workload.shared_hashes",
 )
 """The modules compiled, all of them on the per-step path."""

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from simulator.core.request import RequestSpec
 from simulator.fleet.hash_ring import AffinityRoute, HashRing
 from simulator.fleet.loads import LeastLoadedRoute, LoadLevels, least_loaded_index
+from simulator.fleet.prefix_route import PrefixAwareRoute
 
 if TYPE_CHECKING:
     from simulator.fleet.arrival_feed import RouteFn
@@ -191,10 +192,10 @@ class LeastRequestsRouter:
     def choose(self, spec: RequestSpec, views: Sequence[ReplicaView], now_s: float) -> int:
         return _least_loaded(views)
 
-    def live_route(self, levels: LoadLevels) -> RouteFn:
+    def live_route(self, views: LiveViews) -> RouteFn:
         """``choose`` on live views, as one call: the first minimum of the load list (what
         ``_least_loaded`` reads from ``LiveViews``)."""
-        return LeastLoadedRoute(levels)
+        return LeastLoadedRoute(views.levels)
 
 
 class LeastKVRouter:
@@ -284,10 +285,10 @@ class SessionAffinityRouter:
         total = views.levels.total if isinstance(views, LiveViews) else sum(load_of(v) for v in views)
         return math.ceil((1.0 + self._epsilon) * float(total + 1) / len(views))
 
-    def live_route(self, levels: LoadLevels) -> RouteFn:
+    def live_route(self, views: LiveViews) -> RouteFn:
         """``choose`` on live views, as one call (``AffinityRoute``: the same ring, capacity and walk, read off
         the fleet's load list)."""
-        return AffinityRoute(levels, self._epsilon, self._virtual_nodes)
+        return AffinityRoute(views.levels, self._epsilon, self._virtual_nodes)
 
     def choose(self, spec: RequestSpec, views: Sequence[ReplicaView], now_s: float) -> int:
         _check_nonempty(views)
@@ -357,6 +358,10 @@ class PrefixAwareRouter:
         _check_nonempty(views)
         scores = self.scores(spec, views)
         return min(range(len(views)), key=lambda i: (-scores[i], load_of(views[i]), views[i].replica_id))
+
+    def live_route(self, views: LiveViews) -> RouteFn:
+        """``choose`` on live views (index = replica id), as one call (``PrefixAwareRoute``)."""
+        return PrefixAwareRoute(views, self._prefix_weight, self._load_weight)
 
 
 class WeightedLeastRequestsRouter:
@@ -496,9 +501,9 @@ class RouterState:
     def route_fn(self, router: Router) -> RouteFn:
         """``route`` with ``router``, as one callable: the router's own ``live_route`` when it has one and
         the views are live (it reads the fleet's load list directly), else ``route`` itself."""
-        live_route: Callable[[LoadLevels], RouteFn] | None = getattr(router, "live_route", None)
+        live_route: Callable[[LiveViews], RouteFn] | None = getattr(router, "live_route", None)
         if live_route is not None and self.is_live and isinstance(self._replicas, LiveViews):
-            return live_route(self._replicas.levels)
+            return live_route(self._replicas)
         return partial(self.route, router)
 
     def route(self, router: Router, spec: RequestSpec, now_s: float) -> int:

@@ -325,7 +325,7 @@ def test_session_affinity_on_live_views_routes_as_on_plain_views(placements: lis
     plain_router = SessionAffinityRouter(epsilon=epsilon, virtual_nodes=20)
     replicas = fleet(*([0] * num_replicas))
     levels = LoadLevels(num_replicas)
-    route = live_router.live_route(levels)
+    route = live_router.live_route(LiveViews(replicas, levels))  # reads the load list, which grows in place
     assert isinstance(route, AffinityRoute)
     for i, (session, leave) in enumerate(placements):
         request = spec(i, session_id=None if session < 0 else session)
@@ -491,3 +491,25 @@ def test_routes_on_snapshots_or_without_a_live_route_go_through_route() -> None:
     assert getattr(stale.route_fn(LeastRequestsRouter()), "func", None) == stale.route  # refreshes, counts
     live = RouterState(replicas, 0.0, loads=_levels([0, 0, 0]))
     assert getattr(live.route_fn(RoundRobinRouter()), "func", None) == live.route
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    replicas=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 8)), min_size=1, max_size=8),
+    prompt_blocks=st.integers(0, 10),
+    weights=st.sampled_from([(1.0, 2.0), (1.0, 0.0), (0.0, 1.0), (0.7, 0.3)]),
+)
+def test_prefix_aware_live_route_picks_as_choose(replicas: list[tuple[int, int]], prompt_blocks: int,
+                                                 weights: tuple[float, float]) -> None:
+    """``live_route``'s ``PrefixAwareRoute`` (one loop, the best kept as it goes) picks what ``choose`` picks
+    (scores, then lower load, then lower id), ties included: equal caches and loads are common here."""
+    prefix_weight, load_weight = weights
+    router = PrefixAwareRouter(prefix_weight=prefix_weight, load_weight=load_weight)
+    blocks = tuple(range(100, 100 + prompt_blocks))
+    views = [FakeReplica(replica_id=i, num_running=load, cached=set(blocks[:cached]))
+             for i, (load, cached) in enumerate(replicas)]
+    levels = _levels([v.load for v in views])
+    request = spec(7, blocks=blocks)
+    live = LiveViews(views, levels)
+    assert router.live_route(live)(request, 0.0) == router.choose(request, live, 0.0) == router.choose(
+        request, tuple(views), 0.0)
