@@ -69,8 +69,9 @@ class Features:
 
 
 def eager_rows(num_seqs: np.ndarray, num_tokens: np.ndarray, graph_max: int) -> np.ndarray:
-    """Steps the engine cannot replay as a CUDA graph when it captures decode batches up to ``graph_max``
-    (0: no graphs, nothing flagged): a row of more than one new token, or more rows than that."""
+    """Steps the engine cannot replay as a CUDA graph when it captures decode batches up to ``graph_max`` (0: no
+    graphs, nothing flagged): a row of more than one new token, or more rows than that — the rule
+    ``CostModel.eager_floor`` prices, over arrays."""
     if graph_max <= 0:
         return np.zeros(len(num_seqs), dtype=bool)
     return (num_tokens != num_seqs) | (num_seqs > graph_max)
@@ -512,12 +513,13 @@ def best_fit(
 
 def refit_profile(profile: Profile, df: pd.DataFrame, *, timings_name: str, timings_sha256: str,
                   initial: DeviceCoefficients | None = None, num_folds: int = 5, seed: int = 0,
-                  host_from_grid: str | None = None) -> Profile:
+                  host_from_grid: str | None = None) -> tuple[Profile, FitResult]:
     """A measured profile's device terms fitted again to its own raw timings with today's model form (the
     eager floor where it lists CUDA graph batches, the multi-token term where it has one), as ``fleetsim
     calibrate`` fits them; memory, graphs and the rest kept, the provenance saying so. Host terms are kept
     too, unless ``host_from_grid`` gives the reason to fit them again on the timings' forced steps
-    (cycle − device), as ``fleetsim calibrate --host-from grid`` does."""
+    (cycle − device), as ``fleetsim calibrate --host-from grid`` does. Returns the profile and the fit (its
+    held-out predictions are what the profile's plot shows)."""
     if not profile.is_measured:
         raise ConfigError(f"{profile.name} is not measured: there are no raw timings to refit", field="profile")
     graph_max = max(profile.cuda_graph_batch_sizes, default=0)
@@ -539,8 +541,9 @@ def refit_profile(profile: Profile, df: pd.DataFrame, *, timings_name: str, timi
                  f"{host.per_seq_s * 1e6:.3g} us/seq, {host.per_token_s * 1e9:.3g} ns/token): {host_from_grid}.")
     provenance = profile.provenance.model_copy(update={"source": profile.provenance.source + note,
                                                         "raw_timings_sha256": timings_sha256})
-    return profile.model_copy(update={"device_s": result.device, "host_s": host, "fit_error": err,
-                                      "valid_range": result.valid_range, "provenance": provenance})
+    refitted = profile.model_copy(update={"device_s": result.device, "host_s": host, "fit_error": err,
+                                          "valid_range": result.valid_range, "provenance": provenance})
+    return refitted, result
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -669,19 +672,16 @@ def _refit(args: argparse.Namespace, df: pd.DataFrame) -> int:
     profile = load_profile(args.refit)
     analytic = f"{profile.hardware.lower()}-{profile.model}-tp{profile.tp}-analytic"
     initial = load_profile(analytic).device_s if analytic in list_profiles() else None
-    new = refit_profile(profile, df, timings_name=args.timings.name, timings_sha256=sha256_file(args.timings),
-                        initial=initial, num_folds=args.folds, host_from_grid=args.host_from_grid)
+    new, result = refit_profile(profile, df, timings_name=args.timings.name, timings_sha256=sha256_file(args.timings),
+                                initial=initial, num_folds=args.folds, host_from_grid=args.host_from_grid)
     err = new.fit_error
     assert err is not None  # refit_profile sets it
     print(f"held-out MAPE {err.mape:.2%}  max {err.max_error:.2%}  R² {err.r2:.4f}  ({err.num_points} points)")
     print(new.device_s.model_dump(exclude_none=True))
     if args.html:
-        graph_max = max(new.cuda_graph_batch_sizes, default=0)
-        _, held_out = cross_validate(df, num_folds=args.folds, initial=initial, knee_p=new.device_s.knee_p,
-                                     multi_token=new.device_s.multi_token_s > 0, graph_max=graph_max)
-        save_figure(figure_measured_vs_predicted(df, held_out, title=f"{new.name}: measured vs held-out predicted "
-                                                 f"device time (MAPE {err.mape:.1%})"), args.html,
-                    include_plotlyjs="cdn")  # a profile's plot ships in the repository: plotly.js stays out
+        title = f"{new.name}: measured vs held-out predicted device time (MAPE {err.mape:.1%})"
+        # A profile's plot ships in the repository: plotly.js stays out.
+        save_figure(figure_measured_vs_predicted(df, result.held_out_s, title=title), args.html, include_plotlyjs="cdn")
     if args.out:
         new.save(args.out)
         print(f"wrote {args.out}")

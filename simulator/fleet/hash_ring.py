@@ -71,17 +71,17 @@ class AffinityRoute:
     list's running total, the owner or the first replica under capacity clockwise, and least-loaded for a
     request without a session — the same answers, read off ``LoadLevels`` without a view or a sum."""
 
-    __slots__ = ("_epsilon", "_levels", "_ring", "_ring_size", "_virtual_nodes")
+    __slots__ = ("_epsilon", "_ring", "_ring_size", "_virtual_nodes", "levels")
 
     def __init__(self, levels: LoadLevels, epsilon: float, virtual_nodes: int) -> None:
-        self._levels = levels
+        self.levels = levels
         self._epsilon = epsilon
         self._virtual_nodes = virtual_nodes
         self._ring: HashRing | None = None
         self._ring_size = -1
 
     def __call__(self, spec: RequestSpec, now_s: float) -> int:
-        levels = self._levels
+        levels = self.levels
         loads = levels.values
         n = len(loads)
         if n == 0:

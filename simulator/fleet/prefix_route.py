@@ -15,7 +15,10 @@ from simulator.core.request import RequestSpec
 
 
 class PrefixView(Protocol):
-    """What the route reads of a replica: its load and the cached length of a hash chain."""
+    """What the route reads of a replica: its id, its load and the cached length of a hash chain."""
+
+    @property
+    def replica_id(self) -> int: ...
 
     @property
     def load(self) -> int: ...
@@ -24,9 +27,9 @@ class PrefixView(Protocol):
 
 
 class PrefixAwareRoute:
-    """``score_i = prefix_weight · hit_i − load_weight · load_i / max_j load_j``, the highest wins, ties by
-    lower load, then lower index (= replica id on live views): what ``PrefixAwareRouter.choose`` picks, with
-    the same floating-point operations in the same order."""
+    """``score_i = prefix_weight · hit_i − load_weight · load_i / max_j load_j`` (``router.PrefixAwareRouter``),
+    the highest wins, ties by lower load, then lower replica id: the policy's one copy of the rule, which its
+    ``choose`` and ``scores`` use too."""
 
     __slots__ = ("_load_weight", "_prefix_weight", "_views")
 
@@ -37,7 +40,8 @@ class PrefixAwareRoute:
         self._prefix_weight = prefix_weight
         self._load_weight = load_weight
 
-    def __call__(self, spec: RequestSpec, now_s: float) -> int:
+    def scores(self, spec: RequestSpec) -> list[float]:
+        """Each replica's score for this request, in the order of the views."""
         views = self._views
         num_blocks = spec.num_hashed_blocks
         hashes = spec.known_hashes  # the values held: no cache holds a private tail's not yet derived
@@ -45,16 +49,30 @@ class PrefixAwareRoute:
         max_load = max(loads)
         prefix_weight = self._prefix_weight
         load_weight = self._load_weight
-        best = -1
-        best_score = 0.0
-        best_load = 0
+        result: list[float] = []
         for i, view in enumerate(views):
-            load = loads[i]
             hit = view.prefix_match_blocks(hashes) / num_blocks if num_blocks else 0.0
-            norm_load = load / max_load if max_load > 0 else 0.0
-            score = prefix_weight * hit - load_weight * norm_load
-            if best < 0 or score > best_score or (score == best_score and load < best_load):
+            norm_load = loads[i] / max_load if max_load > 0 else 0.0
+            result.append(prefix_weight * hit - load_weight * norm_load)
+        return result
+
+    def __call__(self, spec: RequestSpec, now_s: float) -> int:
+        views = self._views
+        scores = self.scores(spec)
+        best = 0
+        best_score = scores[0]
+        best_load = views[0].load
+        best_id = views[0].replica_id
+        for i in range(1, len(views)):
+            score = scores[i]
+            if score < best_score:
+                continue
+            view = views[i]
+            load = view.load
+            rid = view.replica_id
+            if score > best_score or load < best_load or (load == best_load and rid < best_id):
                 best = i
                 best_score = score
                 best_load = load
+                best_id = rid
         return best

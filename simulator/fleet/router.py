@@ -263,26 +263,22 @@ class SessionAffinityRouter:
         # The ring depends only on which replica ids exist; rebuild it only when they change.
         self._ring_ids: tuple[int, ...] = ()
         self._ring: HashRing | None = None
-        self._ring_live = False
-        """The ring was built for live views (ids 0..n-1): live views of the same size need no check."""
+        self._live: AffinityRoute | None = None
+        """The route ``choose`` answers live views with (for their load list; ``live_route``'s kind)."""
 
     @classmethod
     def from_config(cls, config: RouterConfig, num_replicas: int, rng: np.random.Generator) -> Router:
         return cls(epsilon=config.load_factor_epsilon, virtual_nodes=config.virtual_nodes)
 
     def ring_for(self, views: Sequence[ReplicaView]) -> HashRing:
-        live = isinstance(views, LiveViews)  # ids 0..n-1: no replica read
-        if live and self._ring is not None and len(self._ring_ids) == len(views) and self._ring_live:
-            return self._ring
-        ids = tuple(range(len(views))) if live else tuple(v.replica_id for v in views)
-        self._ring_live = live
+        ids = tuple(v.replica_id for v in views)
         if self._ring is None or ids != self._ring_ids:
             self._ring = HashRing(ids, self._virtual_nodes)
             self._ring_ids = ids
         return self._ring
 
     def capacity(self, views: Sequence[ReplicaView]) -> int:
-        total = views.levels.total if isinstance(views, LiveViews) else sum(load_of(v) for v in views)
+        total = sum(load_of(v) for v in views)
         return math.ceil((1.0 + self._epsilon) * float(total + 1) / len(views))
 
     def live_route(self, views: LiveViews) -> RouteFn:
@@ -292,20 +288,13 @@ class SessionAffinityRouter:
 
     def choose(self, spec: RequestSpec, views: Sequence[ReplicaView], now_s: float) -> int:
         _check_nonempty(views)
-        if spec.session_id is None:
-            return _least_loaded(views)
         if isinstance(views, LiveViews):
-            # Live views: index = replica id, loads read off the fleet's load list (this runs per request;
-            # the generic path below reads every replica's load through its property, and maps ids).
-            loads = views.loads
-            cap = self.capacity(views)
-            ring = self.ring_for(views)
-            home = ring.owner(spec.session_id)
-            if loads[home] < cap:
-                return home
-            for rid in ring.walk(spec.session_id):
-                if loads[rid] < cap:
-                    return rid
+            # Live views: index = replica id, loads and their total read off the fleet's load list.
+            live = self._live
+            if live is None or live.levels is not views.levels:
+                live = self._live = AffinityRoute(views.levels, self._epsilon, self._virtual_nodes)
+            return live(spec, now_s)
+        if spec.session_id is None:
             return _least_loaded(views)
         index_of = {v.replica_id: i for i, v in enumerate(views)}
         cap = self.capacity(views)
@@ -342,22 +331,11 @@ class PrefixAwareRouter:
 
     def scores(self, spec: RequestSpec, views: Sequence[ReplicaView]) -> list[float]:
         """Score of each replica for this request (exposed for tests and decision traces)."""
-        num_blocks = spec.num_hashed_blocks
-        # The hashes held as values: no cache holds a private tail's not yet derived (see RequestSpec).
-        hashes = spec.known_hashes
-        loads = [load_of(v) for v in views]
-        max_load = max(loads)
-        result = []
-        for view, load in zip(views, loads, strict=True):
-            hit = view.prefix_match_blocks(hashes) / num_blocks if num_blocks else 0.0
-            norm_load = load / max_load if max_load > 0 else 0.0
-            result.append(self._prefix_weight * hit - self._load_weight * norm_load)
-        return result
+        return PrefixAwareRoute(views, self._prefix_weight, self._load_weight).scores(spec)
 
     def choose(self, spec: RequestSpec, views: Sequence[ReplicaView], now_s: float) -> int:
         _check_nonempty(views)
-        scores = self.scores(spec, views)
-        return min(range(len(views)), key=lambda i: (-scores[i], load_of(views[i]), views[i].replica_id))
+        return PrefixAwareRoute(views, self._prefix_weight, self._load_weight)(spec, now_s)
 
     def live_route(self, views: LiveViews) -> RouteFn:
         """``choose`` on live views (index = replica id), as one call (``PrefixAwareRoute``)."""
