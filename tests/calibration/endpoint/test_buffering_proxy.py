@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from calibration.endpoint.proxy import buffering_proxy, chunk_arrivals_s, phase_concentration  # noqa: E402
+from calibration.endpoint.proxy import buffering_proxy, chunk_arrivals_s, phase_spread  # noqa: E402
 from calibration.serve.server import AppThread, ServeOptions, ServerThread  # noqa: E402
 from simulator.cli.main import main  # noqa: E402
 from simulator.scenario import load_scenario  # noqa: E402
@@ -56,11 +56,13 @@ def test_a_buffering_proxy_puts_arrivals_on_its_flush_grid(servers: tuple[str, s
     direct = bench(direct_url, tmp_path / "direct")
     proxied = bench(proxy_url, tmp_path / "proxied")
     assert direct["completed"] == proxied["completed"] == NUM_REQUESTS
-    # The proxy holds SSE events back and lets them through on its flush grid: every arrival at the client
-    # has the same phase on that grid (up to the loop's jitter), where direct arrivals have any phase.
-    direct_phase = phase_concentration(chunk_arrivals_s(tmp_path / "direct"), FLUSH_S)
-    proxied_phase = phase_concentration(chunk_arrivals_s(tmp_path / "proxied"), FLUSH_S)
-    assert direct_phase < 0.5 < 0.9 < proxied_phase
+    # The proxy holds SSE events back and lets them through on its flush grid: arrivals at the client have
+    # the same phase on that grid (up to the loop's jitter), where direct arrivals have any phase. Measured
+    # robustly (the median distance from the common phase): on a loaded 2-core machine a minority of
+    # flushes run late, and the mean-vector length counted each of those as a random phase.
+    direct_spread = phase_spread(chunk_arrivals_s(tmp_path / "direct"), FLUSH_S)
+    proxied_spread = phase_spread(chunk_arrivals_s(tmp_path / "proxied"), FLUSH_S)
+    assert proxied_spread < 0.08 < 0.15 < direct_spread, (proxied_spread, direct_spread)
     # In the simulator a first token waits for the next flush: half an interval on average.
     modelled_ms = simulated_ttft_ms(FLUSH_S * 1e3) - simulated_ttft_ms(0.0)
     assert abs(modelled_ms - FLUSH_S * 1e3 / 2) < FLUSH_S * 1e3 / 6, modelled_ms
