@@ -57,20 +57,37 @@ class PrefixAwareRoute:
         return result
 
     def __call__(self, spec: RequestSpec, now_s: float) -> int:
+        """The index of the view ``scores`` ranks first (ties by lower load, then lower replica id), with
+        fewer cache walks: replicas are visited by rising load, and one whose score could not reach the best
+        so far even with the whole prompt cached is not walked. Its score is at most
+        ``prefix_weight · len(hashes) / num_blocks − load_weight · norm_load`` in floating point too (both
+        operations are monotone), so a strictly lower bound means strictly behind, and the bound only falls
+        as the load rises: the first replica behind ends the search, and the pick is the same."""
         views = self._views
-        scores = self.scores(spec)
-        best = 0
-        best_score = scores[0]
-        best_load = views[0].load
-        best_id = views[0].replica_id
-        for i in range(1, len(views)):
-            score = scores[i]
-            if score < best_score:
-                continue
+        num_blocks = spec.num_hashed_blocks
+        hashes = spec.known_hashes  # the values held: no cache holds a private tail's not yet derived
+        loads = [view.load for view in views]
+        max_load = max(loads)
+        prefix_weight = self._prefix_weight
+        load_weight = self._load_weight
+        # The most a replica's hit term can be: every known hash cached (a walk never matches more).
+        top_hit = len(hashes) / num_blocks if num_blocks else 0.0
+        order = sorted(range(len(views)), key=loads.__getitem__)
+        best = -1
+        best_score = 0.0
+        best_load = 0
+        best_id = 0
+        for i in order:
+            load = loads[i]
+            norm_load = load / max_load if max_load > 0 else 0.0
+            if best >= 0 and prefix_weight * top_hit - load_weight * norm_load < best_score:
+                break  # even a full hit stays behind the best, and so does every later (busier) one
             view = views[i]
-            load = view.load
+            hit = view.prefix_match_blocks(hashes) / num_blocks if num_blocks else 0.0
+            score = prefix_weight * hit - load_weight * norm_load
             rid = view.replica_id
-            if score > best_score or load < best_load or (load == best_load and rid < best_id):
+            if (best < 0 or score > best_score
+                    or (score == best_score and (load < best_load or (load == best_load and rid < best_id)))):
                 best = i
                 best_score = score
                 best_load = load

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from simulator.core.request import RequestSpec
 from simulator.fleet.hash_ring import AffinityRoute, HashRing, stable_hash64
 from simulator.fleet.loads import LoadLevels, first_min_index, first_min_of, least_loaded_index, least_loaded_of
+from simulator.fleet.prefix_route import PrefixAwareRoute
 from simulator.fleet.router import (
     ROUTERS,
     LeastRequestsRouter,
@@ -513,3 +514,56 @@ def test_prefix_aware_live_route_picks_as_choose(replicas: list[tuple[int, int]]
     live = LiveViews(views, levels)
     assert router.live_route(live)(request, 0.0) == router.choose(request, live, 0.0) == router.choose(
         request, tuple(views), 0.0)
+
+
+@dataclass
+class CountingReplica(FakeReplica):
+    """A fake replica that counts the cache walks asked of it."""
+
+    walks: int = 0
+
+    def prefix_match_blocks(self, block_hashes: Sequence[int]) -> int:
+        self.walks += 1
+        return super().prefix_match_blocks(block_hashes)
+
+
+def _reference_pick(views: Sequence[FakeReplica], blocks: tuple[int, ...], prefix_weight: float,
+                    load_weight: float) -> int:
+    """The policy written out plainly: every replica walked and scored, the best by (score, -load, -id)."""
+    max_load = max(v.load for v in views)
+    ranked = []
+    for index, view in enumerate(views):
+        hit = view.prefix_match_blocks(blocks) / len(blocks) if blocks else 0.0
+        norm_load = view.load / max_load if max_load > 0 else 0.0
+        ranked.append((prefix_weight * hit - load_weight * norm_load, -view.load, -view.replica_id, index))
+    return max(ranked)[3]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    replicas=st.lists(st.tuples(st.integers(0, 9), st.integers(0, 12)), min_size=1, max_size=12),
+    prompt_blocks=st.integers(0, 12),
+    weights=st.sampled_from([(1.0, 2.0), (1.0, 0.0), (0.0, 1.0), (0.7, 0.3), (3.0, 0.1), (0.1, 5.0)]),
+    ids=st.randoms(use_true_random=False),
+)
+def test_prefix_aware_route_picks_as_every_replica_scored(replicas: list[tuple[int, int]], prompt_blocks: int,
+                                                          weights: tuple[float, float], ids: Any) -> None:
+    """The route skips the cache walks of replicas that cannot win even with a full hit; its pick is still
+    the one of scoring every replica (ties by lower load, then lower id, with ids in any order)."""
+    prefix_weight, load_weight = weights
+    blocks = tuple(range(100, 100 + prompt_blocks))
+    replica_ids = list(range(len(replicas)))
+    ids.shuffle(replica_ids)
+    views = [CountingReplica(replica_id=rid, num_running=load, cached=set(blocks[:cached]))
+             for rid, (load, cached) in zip(replica_ids, replicas, strict=True)]
+    pick = PrefixAwareRoute(views, prefix_weight, load_weight)(spec(1, blocks=blocks), 0.0)
+    assert pick == _reference_pick(views, blocks, prefix_weight, load_weight)
+
+
+def test_prefix_aware_route_does_not_walk_busy_replicas_that_cannot_win() -> None:
+    """One idle replica caches the whole prompt: no busier replica can beat it, so none is walked."""
+    blocks = tuple(range(10))
+    views = [CountingReplica(replica_id=i, num_running=load, cached=set(blocks) if i == 3 else set(blocks[:4]))
+             for i, load in enumerate([5, 6, 7, 1, 8, 9])]
+    assert PrefixAwareRoute(views, 1.0, 2.0)(spec(1, blocks=blocks), 0.0) == 3
+    assert [v.walks for v in views] == [0, 0, 0, 1, 0, 0]
