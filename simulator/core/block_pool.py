@@ -261,6 +261,25 @@ class BlockPool:
             i += 1
         return live
 
+    def holds_prefix(self, blocks: list[int], block_hashes: list[int], max_blocks: int) -> bool:
+        """Whether a prefix lookup of ``block_hashes`` capped at ``max_blocks`` (``KVManager
+        .get_computed_blocks``) would answer ``blocks`` now: each still holds the very hash object at its
+        position, and the next hash, if the cap allows one, is not cached. With no hash held twice, a block
+        holding a hash is the one the index answers with; with copies this answers False (walk again)."""
+        num: i64 = len(blocks)
+        if num > max_blocks or self._copies:
+            return False
+        hash_of: list[Any] = self._hash_of
+        ids: list[Any] = blocks
+        hashes: list[Any] = block_hashes
+        i: i64 = 0
+        while i < num:
+            block_id: int = ids[i]
+            if hash_of[block_id] is not hashes[i]:
+                return False
+            i += 1
+        return num == max_blocks or hashes[num] not in self.cached
+
     def get_cached_block(self, block_hash: int) -> int | None:
         return self.cached.get(block_hash)
 

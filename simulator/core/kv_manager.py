@@ -83,6 +83,11 @@ class KVManager:
         self._exposed: set[int] = set()
         """Requests whose private blocks were indexed here as they left unfinished: their private blocks are
         indexed as usual from then on (one id per request preempted, aborted or moved here)."""
+        self._last_looked_up: Request | None = None
+        self._last_hits: list[Any] = []
+        """The last lookup's request and answer (``get_computed_blocks``): a queue's head that cannot be
+        admitted is looked up again every step, and is answered from here when the pool shows that the same
+        walk would find the same blocks (``BlockPool.holds_prefix``)."""
 
     @property
     def reads_every_hash(self) -> bool:
@@ -114,6 +119,10 @@ class KVManager:
                 # cannot hold one of them, so the lookup ends where the values do (at the tail's first
                 # block, a miss, either way).
                 max_blocks = len(hashes)
+        if request is self._last_looked_up and self.pool.holds_prefix(self._last_hits, hashes, max_blocks):
+            # The blocks found last time still hold these hashes, and the walk would stop where it did: an
+            # overloaded replica's blocked head costs one check per hit block here, not one index probe.
+            return list(self._last_hits)
         # The list at its largest size first, cut after the walk: appending would grow (reallocate and copy)
         # it a dozen times for a hundred hits.
         hits: list[Any] = [None] * max_blocks
@@ -126,7 +135,9 @@ class KVManager:
             count += 1
         if count < max_blocks:
             del hits[count:]
-        return hits
+        self._last_looked_up = request
+        self._last_hits = hits
+        return list(hits)
 
     def prefix_match_blocks(self, block_hashes: Sequence[int]) -> int:
         """How many leading blocks of this hash chain the cache holds now (for prefix-aware routing)."""

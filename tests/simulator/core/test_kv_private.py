@@ -37,6 +37,20 @@ def _spec(request_id: int, family: int, prompt: int, output: int, *, private: bo
                        private_from=SHARED, hash_tail=tail)
 
 
+def _plain_walk(kv: KVManager, request: Request) -> list[int]:
+    """The lookup as a walk of the index, hash by hash: what ``get_computed_blocks`` answers, also when it
+    answers a request looked up again from its last answer."""
+    if not request.num_hashed_blocks:
+        return []
+    hits = []
+    for block_hash in request.block_hashes[:min(request.num_hashed_blocks, (request.num_tokens - 1) // BS)]:
+        block = kv.pool.cached.get(block_hash)
+        if block is None:
+            break
+        hits.append(block)
+    return hits
+
+
 class TwinMachine(RuleBasedStateMachine):
     """Admit (with prefix hits), compute, produce, finish, preempt and re-admit, retry as a new request."""
 
@@ -66,7 +80,7 @@ class TwinMachine(RuleBasedStateMachine):
 
     def _admit(self, pair: tuple[Request, Request], chunk: int) -> None:
         hits = [kv.get_computed_blocks(r) for kv, r in zip(self.twins, pair, strict=True)]
-        assert hits[0] == hits[1]
+        assert hits[0] == hits[1] == _plain_walk(self.twins[1], pair[1])
         num_new = min(chunk, pair[1].num_tokens - len(hits[1]) * BS)
         fresh = [kv.allocate(r, num_new, h) for kv, r, h in zip(self.twins, pair, hits, strict=True)]
         assert fresh[0] == fresh[1]
@@ -88,6 +102,14 @@ class TwinMachine(RuleBasedStateMachine):
     def readmit(self, data: st.DataObject, chunk: int) -> None:
         pair = self.waiting.pop(data.draw(st.sampled_from(sorted(self.waiting))))
         self._admit(pair, chunk)
+
+    @precondition(lambda self: self.waiting)
+    @rule(data=st.data())
+    def look_up(self, data: st.DataObject) -> None:
+        """A waiting request looked up without being admitted (a blocked queue head, step after step)."""
+        pair = self.waiting[data.draw(st.sampled_from(sorted(self.waiting)))]
+        hits = [kv.get_computed_blocks(r) for kv, r in zip(self.twins, pair, strict=True)]
+        assert hits[0] == hits[1] == _plain_walk(self.twins[1], pair[1])
 
     @precondition(lambda self: self.waiting)
     @rule(data=st.data(), chunk=st.integers(1, 24))
