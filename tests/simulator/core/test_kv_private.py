@@ -231,10 +231,39 @@ def test_the_twins_free_runs() -> None:
     """The state machine reaches what it is for: finished requests freeing marked blocks as runs, several
     queued at once (derandomized, so that the check is the same every time)."""
     _RUNS_SEEN.clear()
-    machine = settings(max_examples=100, stateful_step_count=50, deadline=None, database=None, derandomize=True)
+    machine = settings(max_examples=200, stateful_step_count=50, deadline=None, database=None, derandomize=True)
     run_state_machine_as_test(TwinMachine, settings=machine)
-    assert sum(freed for freed, _ in _RUNS_SEEN) > 50
-    assert sum(1 for _, at_once in _RUNS_SEEN if at_once >= 2) > 5
+    # Loose floors: the derandomized draws differ between machines (CI freed 32 runs in 100 examples where
+    # this one freed 117); the scripted test below reaches the case for certain.
+    assert sum(freed for freed, _ in _RUNS_SEEN) >= 10
+    assert any(at_once >= 2 for _, at_once in _RUNS_SEEN)
+
+
+def test_scripted_twins_free_runs_queued_together() -> None:
+    """Requests of two families admitted, run to their ends and freed one after another: each frees its
+    marked blocks as a run, the runs wait in the free queue together, and new requests evict them, with
+    both twins agreeing after every operation."""
+    machine = TwinMachine()
+    machine.setup(24, False)
+    for request_id in range(4):
+        machine._admit(machine._make(request_id, request_id % 2, 17, 3), 24)
+        machine.next_id += 1
+        machine.the_same_to_every_reader()
+    for request_id in range(4):
+        pair = machine.running[request_id]
+        while request_id in machine.running:
+            if pair[1].num_computed_tokens < pair[1].num_tokens:
+                assert machine._compute(pair, pair[1].num_tokens - pair[1].num_computed_tokens)
+            else:
+                machine._produce(pair)
+            machine.the_same_to_every_reader()
+    assert machine.runs_seen == [4, 4]
+    for request_id in range(4, 9):  # fresh requests take the free blocks: the runs are evicted, in order
+        machine._admit(machine._make(request_id, 2, 21, 2), 24)
+        machine.next_id += 1
+        machine.the_same_to_every_reader()
+    assert not machine.waiting
+    assert machine.twins[0].pool.num_evictions == machine.twins[1].pool.num_evictions > 0
 
 
 def test_marked_blocks_are_cached_queued_and_evicted_like_indexed_ones() -> None:
