@@ -249,7 +249,7 @@ class BlockPool:
                 part = held[offset:] if offset else held
                 if flatten:
                     live.extend(part)
-                else:
+                elif part:  # a run a later request took over (``take_run``) is empty: no entry any more
                     live.append(part)
             else:
                 block_id: int = held
@@ -346,7 +346,7 @@ class BlockPool:
         freed: list[Any] = self._freed
         head: i64 = self._freed_head
         held = freed[head]
-        if isinstance(held, list):
+        if isinstance(held, list) and len(held) > self._run_offset:
             # A run of marked blocks at the head (the usual case once a pool of finished requests' tables
             # has cycled): its next block, exactly as ``_take_freed`` hands one out, without its set-up.
             run: list[Any] = held
@@ -564,6 +564,82 @@ class BlockPool:
         if head is not None:
             head.reverse()
             self.free_blocks(head)
+
+    def run_live(self, run: list[int]) -> int:
+        """Blocks of a run (``free_marked_table``) still queued: the run, less what the head has handed out
+        of it when it is at the head (0 once all are out, or taken over: ``take_run``)."""
+        freed: list[Any] = self._freed
+        head = self._freed_head
+        if head < len(freed) and freed[head] is run:
+            return len(run) - self._run_offset
+        return len(run)
+
+    def run_blocks(self, run: list[int]) -> list[int]:
+        """The blocks of a run still queued, in the order of their table (the run's reversed)."""
+        live = run[len(run) - self.run_live(run):]
+        live.reverse()
+        return live
+
+    def take_run(self, run: list[int]) -> list[int]:
+        """What is left of a run, taken as prefix hits by a later request of its chain (``KVManager``): the
+        blocks leave the queue, in the order of their table (the run's reversed), and stay referenced once,
+        now by the taker. They stop counting as marked here: the taker marks them again as it caches them
+        (``cache_range``), as the index would take a hit block back without a new entry. The run stays in
+        the queue, empty, and is passed over."""
+        freed: list[Any] = self._freed
+        head = self._freed_head
+        offset = 0
+        if head < len(freed) and freed[head] is run:
+            offset = self._run_offset
+            self._run_offset = 0
+            self._freed_head = head + 1
+        taken = run[offset:] if offset else list(run)
+        taken.reverse()
+        run.clear()
+        num = len(taken)
+        self._num_freed -= num
+        self._num_in_runs -= num
+        self._num_marked -= num
+        return taken
+
+    def index_run(self, run: list[int], block_hashes: list[int], stop: int) -> None:
+        """Index the queued blocks of a run after all (something may look them up through the index now):
+        each becomes a free block of its own, queued where the run is, in the run's order, and indexed under
+        its hash, as if it had been indexed when cached. ``block_hashes`` are the hashes of the run's table
+        and ``stop`` the table position after its last block (the run is ``table[start:stop]`` reversed)."""
+        freed: list[Any] = self._freed
+        head: i64 = self._freed_head
+        position: i64 = head
+        count: i64 = len(freed)
+        while position < count and freed[position] is not run:
+            position += 1
+        if position == count:
+            raise ValueError("index_run: the run is not queued")
+        offset = self._run_offset if position == head else 0
+        live: list[Any] = run[offset:]
+        size = len(run)
+        hashes: list[Any] = block_hashes
+        state_ref = self._ref
+        entries = self._entries
+        hash_of: list[Any] = self._hash_of
+        cached: dict[Any, Any] = self.cached
+        j = offset
+        for held in live:
+            block_id: int = held
+            block_hash = hashes[stop - 1 - j]
+            state_ref[block_id] = 0
+            entries[block_id] = entries[block_id] + 1
+            hash_of[block_id] = block_hash
+            if cached.setdefault(block_hash, held) is not held:
+                self._copies.setdefault(block_hash, []).append(held)
+            j += 1
+        freed[position:position + 1] = live
+        if position == head:
+            self._run_offset = 0
+        num = size - offset
+        self._num_in_runs -= num
+        self._num_marked -= num
+        run.clear()
 
     def _drop_top(self) -> None:
         """The top chunk is all out: the one below (if any) is the top again, with its offset."""

@@ -54,6 +54,21 @@ class KVStats:
         return (self.num_reserved_unused_slots - self.num_tail_slack_slots) / used if used else 0.0
 
 
+class _Chain:
+    """A session's chained blocks on one replica (``Request.chain_from``): those of the latest turn to hold
+    KV here, from ``start``, marked in the pool rather than indexed. While that turn runs they are in its
+    table; once it finished, in the run it left in the pool's queue (``run``, table positions ``start`` to
+    ``stop``), which the session's next turn here takes over whole as its prefix hits."""
+
+    __slots__ = ("holder", "run", "start", "stop")
+
+    def __init__(self, holder: Request, start: int) -> None:
+        self.holder = holder
+        self.run: list[int] | None = None
+        self.start = start
+        self.stop = 0
+
+
 class KVManager:
     """Block tables of the requests holding KV on one replica, over one block pool.
 
@@ -66,6 +81,18 @@ class KVManager:
     up), remembering the request id so that its later lives here index as usual. A request that finishes
     never looks its chain up again. Every lookup therefore answers as it would with every block indexed,
     and the pool's order, hand-outs and evictions are the same block for block (a test runs both).
+
+    Chained blocks. A session's turn carries its previous turn's hashes as its first ones, and past the system
+    prompt (from ``Request.chain_from``) nothing but the session's turns carries them (the workload
+    promises it). Those blocks are marked too, and handed from turn to turn without the index: a turn that
+    finishes leaves them as a run in the pool's queue (``_Chain``), and the session's next turn here, whose
+    lookup reaches the chain (its system prompt all cached), takes what is left of the run whole as its hits
+    (``BlockPool.take_run``), exactly the blocks a walk of the index would find: evictions take a run from
+    its table's tail, so what is left is always the chain's first blocks. Wherever that could differ (the
+    lookup misses before the chain or would stop inside it, two turns of a session hold KV here at once, a
+    turn leaves unfinished, a listener reads every hash), the chain is indexed after all (``_open_chain``)
+    and the session's blocks here are indexed like any others from then on. A fleet serving multi-turn
+    chat then keeps only the system prompts in its indexes, not every turn's every block.
     """
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_caching: bool = True,
@@ -83,6 +110,18 @@ class KVManager:
         self._exposed: set[int] = set()
         """Requests whose private blocks were indexed here as they left unfinished: their private blocks are
         indexed as usual from then on (one id per request preempted, aborted or moved here)."""
+        self.chains_on = True
+        """Whether sessions' turns hand their chained blocks on here (off where blocks arrive from another
+        replica: disaggregation)."""
+        self._chains: dict[Any, _Chain] = {}
+        """The chains held here, by their first hash (the hash at ``chain_from``, alike in every turn)."""
+        self._open_chains: set[Any] = set()
+        """Chains indexed after all (``_open_chain``): their sessions' blocks here are indexed as usual."""
+        self._swept_at = 64
+        """``_chains`` is swept of chains with nothing left when it outgrows this."""
+        self._claim: _Chain | None = None
+        self._claimer: Request | None = None
+        """The chain whose run the last lookup answered with, and its request: ``allocate`` takes it."""
         self._last_looked_up: Request | None = None
         self._last_hits: list[Any] = []
         """The last lookup's request and answer (``get_computed_blocks``): a queue's head that cannot be
@@ -119,6 +158,10 @@ class KVManager:
                 # cannot hold one of them, so the lookup ends where the values do (at the tail's first
                 # block, a miss, either way).
                 max_blocks = len(hashes)
+        self._claim = None
+        key = self._chain_key(request)
+        if key is not None:
+            return self._chained_lookup(request, key, max_blocks)
         if request is self._last_looked_up and self.pool.holds_prefix(self._last_hits, hashes, max_blocks):
             # The blocks found last time still hold these hashes, and the walk would stop where it did: an
             # overloaded replica's blocked head costs one check per hit block here, not one index probe.
@@ -139,6 +182,92 @@ class KVManager:
         self._last_hits = hits
         return list(hits)
 
+    def _walk(self, hashes: list[Any], start: int, stop: int, hits: list[Any]) -> int:
+        """Append the blocks the index holds for ``hashes[start:stop]`` to ``hits``, up to the first miss;
+        returns where the walk stopped."""
+        cached: dict[Any, Any] = self.pool.cached
+        i: i64 = start
+        end: i64 = stop
+        while i < end:
+            block = cached.get(hashes[i])
+            if block is None:
+                break
+            hits.append(block)
+            i += 1
+        return i
+
+    def _chain_key(self, request: Request) -> Any:
+        """The first hash of the request's chain when it hands chained blocks on here, else None."""
+        start = request.chain_from
+        if start >= NOT_PRIVATE or not self.chains_on:
+            return None
+        hashes: list[Any] = request.block_hashes
+        if len(hashes) <= start or self.reads_every_hash or self._indexes_own(request):
+            return None
+        key = hashes[start]
+        return None if key in self._open_chains else key
+
+    def _chained_lookup(self, request: Request, key: Any, max_blocks: int) -> list[int]:
+        """``get_computed_blocks`` for a request with a chain: the index up to the chain, then what is left
+        of the run its session's last turn here left, taken whole (``allocate`` takes it over)."""
+        start = request.chain_from
+        hashes: list[Any] = request.block_hashes
+        hits: list[Any] = []
+        chain = self._chains.get(key)
+        if chain is not None and chain.run is None:
+            # Another turn of the session holds KV here: what it caches is what a walk would find.
+            self._open_chain(key)
+            self._walk(hashes, 0, max_blocks, hits)
+            return hits
+        count = self._walk(hashes, 0, min(start, max_blocks), hits)
+        run = None if chain is None else chain.run
+        if run is None or count < start or start >= max_blocks:
+            if run is not None and count < start and self.pool.run_live(run):
+                # The walk misses before the chain: this request computes the chain's blocks again, and
+                # the cached ones, older, would be the copies a walk finds from now on.
+                self._open_chain(key)
+            return hits
+        live = self.pool.run_live(run)
+        if not live:
+            return hits
+        if start + live > max_blocks:
+            self._open_chain(key)  # a walk would stop inside the run: the rest would be copies to find
+            self._walk(hashes, count, max_blocks, hits)
+            return hits
+        hits += self.pool.run_blocks(run)
+        self._claim = chain
+        self._claimer = request
+        return hits
+
+    def _open_chain(self, key: Any) -> None:
+        """Index a chain's blocks after all, as they would have been indexed when cached: a holder's marked
+        blocks (and the ones it caches from now on), or the run it left; the session's blocks here are
+        indexed like any others from now on."""
+        self._open_chains.add(key)
+        chain = self._chains.pop(key, None)
+        if chain is None:
+            return
+        holder = chain.holder
+        run = chain.run
+        if run is None:
+            mark = holder.mark_from
+            indexed = holder.num_indexed_blocks
+            holder.mark_from = NOT_PRIVATE
+            holder.expose_hashes()
+            if indexed > mark:
+                self.pool.index_private(holder.block_table, holder.block_hashes, mark, indexed)
+            self._exposed.add(holder.request_id)  # its own blocks are indexed now: its later lives index too
+        elif run:
+            holder.expose_hashes()
+            self.pool.index_run(run, holder.block_hashes, chain.stop)
+
+    def _sweep_chains(self) -> None:
+        """Drop the chains with nothing left (their runs handed out): sessions that did not come back."""
+        pool = self.pool
+        self._chains = {key: chain for key, chain in self._chains.items()
+                        if chain.run is None or pool.run_live(chain.run)}
+        self._swept_at = max(64, 2 * len(self._chains))
+
     def prefix_match_blocks(self, block_hashes: Sequence[int]) -> int:
         """How many leading blocks of this hash chain the cache holds now (for prefix-aware routing)."""
         if not self.enable_caching:
@@ -152,6 +281,14 @@ class KVManager:
         i: i64 = 0
         while i < count and hashes[i] in cached:
             i += 1
+        if i < count and self._chains:
+            chain = self._chains.get(hashes[i])
+            if chain is not None and chain.start == i:
+                # A chain starts here: its run, or what its holder has cached, is what a walk would find.
+                run = chain.run
+                live = chain.holder.num_indexed_blocks - i if run is None else self.pool.run_live(run)
+                if live > 0:
+                    i += min(live, count - i)
         return i
 
     def num_blocks_needed(self, request: Request, num_new_tokens: int, num_hit_blocks: int = 0,
@@ -182,13 +319,20 @@ class KVManager:
                     self._cache_full_blocks(request, blocks, num_new_tokens, 0)
                 return 0
         num_new = self.num_blocks_needed(request, num_new_tokens, len(new_computed_blocks), reserve_tokens)
-        # Hit blocks nobody references sit in the free queue: taking them consumes free capacity too.
-        evictable_hits = self.pool.num_unreferenced(new_computed_blocks) if new_computed_blocks else 0
+        claim = self._claim
+        taken = 0
+        if claim is not None:
+            self._claim = None
+            if self._claimer is request and new_computed_blocks and claim.run is not None:
+                taken = self.pool.run_live(claim.run)
+        # Hit blocks nobody references sit in the free queue: taking them consumes free capacity too (a run's
+        # blocks, taken over, all of them).
+        evictable_hits = self.pool.num_unreferenced(new_computed_blocks) + taken if new_computed_blocks else 0
         if num_new + evictable_hits > self.pool.num_free:
             return None
         to_pop = num_new
         if not blocks:
-            mark = request.mark_from = self._mark_from(request)
+            mark = request.mark_from = self._mark_from(request, claim if taken else None)
             if mark >= NOT_PRIVATE:
                 request.expose_hashes()  # every block it fills is indexed: with its hash as a value
             if num_new and not new_computed_blocks:
@@ -197,7 +341,17 @@ class KVManager:
                 to_pop = 0
             self.req_blocks[request.request_id] = blocks  # the request starts holding KV (or may: an empty table)
         if new_computed_blocks:
-            self.pool.touch(new_computed_blocks)
+            if taken and claim is not None and claim.run is not None:
+                num_indexed = len(new_computed_blocks) - taken
+                if num_indexed:
+                    self.pool.touch(new_computed_blocks[:num_indexed])
+                chained = self.pool.take_run(claim.run)
+                if list(new_computed_blocks[num_indexed:]) != chained:
+                    raise AssertionError("allocate: the hits end with other blocks than the chain's run")
+                claim.run = None
+                claim.holder = request
+            else:
+                self.pool.touch(new_computed_blocks)
             blocks.extend(new_computed_blocks)
         if to_pop:
             blocks.extend(self.pool.get_new_blocks(to_pop))
@@ -205,9 +359,26 @@ class KVManager:
             self._cache_full_blocks(request, blocks, num_new_tokens, len(new_computed_blocks))
         return num_new
 
-    def _mark_from(self, request: Request) -> int:
+    def _mark_from(self, request: Request, claim: _Chain | None = None) -> int:
         """The first block of this request to mark private rather than index, as it starts holding KV:
-        ``NOT_PRIVATE`` when it may look its chain up here before it finishes (``_indexes_own``)."""
+        ``NOT_PRIVATE`` when it may look its chain up here before it finishes (``_indexes_own``). A request
+        with a chain here holds it from now on (``claim``: the one whose run it takes over), unless another
+        turn of its session holds KV here or left blocks its lookup did not take: that chain is indexed."""
+        key = self._chain_key(request)
+        if key is not None:
+            chain = self._chains.get(key)
+            if chain is not None and chain is not claim and (chain.run is None or self.pool.run_live(chain.run)):
+                self._open_chain(key)
+            else:
+                if chain is None or chain is not claim:
+                    self._chains[key] = _Chain(request, request.chain_from)
+                    if len(self._chains) > self._swept_at:
+                        self._sweep_chains()
+                return request.chain_from
+        elif self.chains_on and request.chain_from < len(request.block_hashes):
+            # A turn that indexes its session's blocks here (it left unfinished before, or a listener reads
+            # every hash): the session's chain here is indexed too, and stays so.
+            self._open_chain(request.block_hashes[request.chain_from])
         if request.private_from >= NOT_PRIVATE or self._indexes_own(request):
             return NOT_PRIVATE
         return request.private_from
@@ -305,10 +476,28 @@ class KVManager:
         request.mark_from = NOT_PRIVATE
         request.block_table = []  # the old table leaves the request: the pool takes it over
         request.num_indexed_blocks = 0
+        key = None
+        chain = None
+        if mark == request.chain_from and mark < len(request.block_hashes) and self._chains:
+            key = request.block_hashes[mark]
+            chain = self._chains.get(key)
+            if chain is not None and chain.holder is not request:
+                chain = None
+        if chain is not None:
+            del self._chains[key]
         if indexed > mark:
             if request.num_output_tokens >= request.spec.output_tokens:
                 self.pool.free_marked_table(blocks, mark, indexed)  # finished: its chain is never looked up again
+                if chain is not None:
+                    # The run (the table itself, cut to its chained blocks) is what the session's next turn
+                    # here takes over; a last turn's too, for an earlier turn may still come back (preempted,
+                    # retried) and carries its first chained hashes.
+                    chain.run = blocks
+                    chain.stop = indexed
+                    self._chains[key] = chain
                 return
+            if chain is not None:
+                self._open_chains.add(key)  # leaving unfinished: its blocks are indexed now (below)
             # Leaving unfinished, it may come back and look its chain up: index what was only marked.
             request.expose_hashes()
             self.pool.index_private(blocks, request.block_hashes, mark, indexed)

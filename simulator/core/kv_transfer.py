@@ -103,6 +103,7 @@ class KVSender:
 
     def __init__(self, kv: KVManager) -> None:
         self.kv = kv
+        kv.chains_on = False  # its requests leave at their first token: every block is indexed
         self.held: dict[int, Request] = {}
         """Finished at their first token, blocks still referenced, by request id."""
 
@@ -130,6 +131,7 @@ class KVReceiver:
 
     def __init__(self, scheduler: ServingCore) -> None:
         self.scheduler = scheduler
+        scheduler.kv.chains_on = False  # blocks arrive from another replica and are indexed as they land
         self.pending: deque[Request] = deque()
         """Offered requests without blocks yet, in arrival order."""
         self.receiving: dict[int, Request] = {}

@@ -72,8 +72,8 @@ class RequestSpec:
     ``known_hashes`` are the values held so far (the tail's, once derived). A spec with a tail equals the
     same spec with the values."""
 
-    __slots__ = ("_hashes", "_tail", "arrival_s", "output_tokens", "priority", "private_from", "prompt_tokens",
-                 "request_id", "session_id")
+    __slots__ = ("_hashes", "_tail", "arrival_s", "chain_from", "output_tokens", "priority", "private_from",
+                 "prompt_tokens", "request_id", "session_id")
 
     request_id: int
     """Unique id within a run; the order of arrival breaks ties."""
@@ -92,10 +92,16 @@ class RequestSpec:
     stream (its own prompt past a shared system prompt, and its answer): a promise by the workload, which
     lets the KV manager skip indexing those blocks while nobody can look them up (``KVManager``). None:
     any block may be shared (sessions, traces with prefix ids, hashes given by hand)."""
+    chain_from: int | None
+    """Index of the first block whose hash only the requests of this one's session carry (past its system
+    prompt): a promise by the workload that a later turn of the session, and nothing else, carries this
+    turn's hashes from there on, as its first hashes after the same ones before. It lets the KV manager
+    hand such blocks from turn to turn without indexing them (``KVManager``). None: no such promise."""
 
     def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
                  block_hashes: tuple[int, ...] = (), session_id: int | None = None, priority: int = 0,
-                 private_from: int | None = None, hash_tail: HashTail | None = None) -> None:
+                 private_from: int | None = None, hash_tail: HashTail | None = None,
+                 chain_from: int | None = None) -> None:
         self.request_id = request_id
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens
@@ -104,6 +110,7 @@ class RequestSpec:
         self.session_id = session_id
         self.priority = priority
         self.private_from = private_from
+        self.chain_from = chain_from
         if hash_tail is not None and (private_from is None or hash_tail.start != len(block_hashes)
                                       or hash_tail.start < private_from):
             raise ValueError(f"request {request_id}: a hash tail starts after the hashes given, at or past "
@@ -137,7 +144,7 @@ class RequestSpec:
     def with_hashes(self, block_hashes: tuple[int, ...]) -> RequestSpec:
         """This spec with other block hashes (values, no tail)."""
         return RequestSpec(self.request_id, self.arrival_s, self.prompt_tokens, self.output_tokens, block_hashes,
-                           self.session_id, self.priority, self.private_from)
+                           self.session_id, self.priority, self.private_from, chain_from=self.chain_from)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, RequestSpec):
@@ -145,7 +152,8 @@ class RequestSpec:
         return (self.request_id == other.request_id and self.arrival_s == other.arrival_s
                 and self.prompt_tokens == other.prompt_tokens and self.output_tokens == other.output_tokens
                 and self.session_id == other.session_id and self.priority == other.priority
-                and self.private_from == other.private_from and self.block_hashes == other.block_hashes)
+                and self.private_from == other.private_from and self.chain_from == other.chain_from
+                and self.block_hashes == other.block_hashes)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -153,7 +161,8 @@ class RequestSpec:
         hashes = f"{len(self._hashes)} hashes" + (f" + tail to {self._tail.stop}" if self._tail is not None else "")
         return (f"RequestSpec(request_id={self.request_id}, arrival_s={self.arrival_s}, "
                 f"prompt_tokens={self.prompt_tokens}, output_tokens={self.output_tokens}, {hashes}, "
-                f"session_id={self.session_id}, priority={self.priority}, private_from={self.private_from})")
+                f"session_id={self.session_id}, priority={self.priority}, private_from={self.private_from}, "
+                f"chain_from={self.chain_from})")
 
 
 class RequestStatus(StrEnum):
@@ -178,6 +187,7 @@ class Request:
         "arrival_s",
         "block_hashes",
         "block_table",
+        "chain_from",
         "mark_from",
         "max_output_tokens",
         "num_cached_tokens",
@@ -235,6 +245,8 @@ class Request:
         """Leading blocks of the table the KV manager has indexed in the prefix cache."""
         self.private_from: i64 = NOT_PRIVATE if spec.private_from is None else spec.private_from
         """``spec.private_from``, or ``NOT_PRIVATE``."""
+        self.chain_from: i64 = NOT_PRIVATE if spec.chain_from is None else spec.chain_from
+        """``spec.chain_from``, or ``NOT_PRIVATE``."""
         self.mark_from: i64 = NOT_PRIVATE
         """First block the KV manager marks private instead of indexing, while the request holds KV (set
         as it starts holding it; ``NOT_PRIVATE``: none)."""
@@ -269,16 +281,16 @@ class Request:
 def specs_from_columns(first_id: int, arrival_s: list[float], prompt_tokens: list[int], output_tokens: list[int],
                        session_id: list[int], block_hashes: list[tuple[int, ...]],
                        private_from: list[int] | None = None, tail_key: list[int] | None = None,
-                       tail_stop: list[int] | None = None) -> list[RequestSpec]:
+                       tail_stop: list[int] | None = None, chain_from: list[int] | None = None) -> list[RequestSpec]:
     """The specs of consecutive requests ``first_id``, ``first_id + 1``, ... from a workload's columns (a
-    negative session id or ``private_from`` is none; ``private_from`` None: none for all). With ``tail_key``
-    and ``tail_stop``, a request's hashes from ``private_from`` (where its ``block_hashes`` end) to
-    ``tail_stop`` are the private tail with that key. One compiled loop: a workload builds a spec per
+    negative session id, ``private_from`` or ``chain_from`` is none; ``private_from`` None: none for all).
+    With ``tail_key`` and ``tail_stop``, a request's hashes from ``private_from`` (where its ``block_hashes``
+    end) to ``tail_stop`` are the private tail with that key. One compiled loop: a workload builds a spec per
     request."""
     n = len(arrival_s)
     if not len(prompt_tokens) == len(output_tokens) == len(session_id) == len(block_hashes) == n:
         raise ValueError("spec columns must have equal lengths")
-    if private_from is not None and len(private_from) != n:
+    if (private_from is not None and len(private_from) != n) or (chain_from is not None and len(chain_from) != n):
         raise ValueError("spec columns must have equal lengths")
     tails = tail_key is not None and tail_stop is not None and private_from is not None
     if tails and not (tail_key is not None and len(tail_key) == n and tail_stop is not None and len(tail_stop) == n):
@@ -293,6 +305,8 @@ def specs_from_columns(first_id: int, arrival_s: list[float], prompt_tokens: lis
             stop = tail_stop[i]
             if stop > private:
                 tail = HashTail(tail_key[i], private, stop)
+        chain = -1 if chain_from is None else chain_from[i]
         specs.append(RequestSpec(first_id + i, arrival_s[i], prompt_tokens[i], output_tokens[i], block_hashes[i],
-                                 session if session >= 0 else None, 0, private if private >= 0 else None, tail))
+                                 session if session >= 0 else None, 0, private if private >= 0 else None, tail,
+                                 chain if chain >= 0 else None))
     return specs

@@ -158,13 +158,14 @@ class Workload:
         if shared is not None:
             return self._shared_chunk(shared, keys, start, stop, columns)
         split = keys.split_hashes(start, stop)
+        chain = _chain_from(keys, start, stop)
         if split is None:
             private = keys.private_from(start, stop)
             return specs_from_columns(*columns, self._hashes(start, stop),
-                                      None if private is None else private.tolist())
+                                      None if private is None else private.tolist(), chain_from=chain)
         # Private blocks as tails (derived only if something reads them: most requests finish first).
         return specs_from_columns(*columns, _tuples(split.values, split.offsets), split.private_from.tolist(),
-                                  split.tail_key.tolist(), split.tail_stop.tolist())
+                                  split.tail_key.tolist(), split.tail_stop.tolist(), chain)
 
     @staticmethod
     def _shared_chunk(shared: SharedHashes, keys: BlockKeys, start: int, stop: int,
@@ -178,9 +179,22 @@ class Workload:
                                prefix_id=keys.prefix_ids(start, stop), prefix_blocks=keys.prefix_blocks,
                                prefix_values=keys.prefix_values)
         tails = keys.tails(start, stop)
+        chain = _chain_from(keys, start, stop)
         if private is None or tails is None:
-            return specs_from_columns(*columns, tuples, None if private is None else private.tolist())
-        return specs_from_columns(*columns, tuples, private.tolist(), tails[0].tolist(), tails[1].tolist())
+            return specs_from_columns(*columns, tuples, None if private is None else private.tolist(),
+                                      chain_from=chain)
+        return specs_from_columns(*columns, tuples, private.tolist(), tails[0].tolist(), tails[1].tolist(), chain)
+
+
+def _chain_from(keys: BlockKeys, start: int, stop: int) -> list[int] | None:
+    """Each request's ``chain_from``: a session's turns carry their session's hashes past the system prompt
+    (``repeats_session_prefix``), a later turn the earlier ones' first; None for other keys."""
+    if not keys.repeats_session_prefix:
+        return None
+    prefix = keys.prefix_ids(start, stop)
+    if prefix is None:
+        return [0] * (stop - start)
+    return np.where(prefix >= 0, keys.prefix_blocks, 0).tolist()
 
 
 def _tuples(values: np.ndarray, offsets: np.ndarray) -> list[tuple[int, ...]]:

@@ -1,7 +1,8 @@
-"""Private blocks (a request's own prompt and answer, marked in the pool instead of indexed) change nothing a
-run reports: the same scenario with the workload's ``private_from`` withheld (every block indexed, the
-reference) gives the same per-request results, series and summary, on every path where a request leaves a
-replica unfinished (preemption by recompute and by swap, a prefill worker's hand-off, a failed node)."""
+"""Private blocks (a request's own prompt and answer, marked in the pool instead of indexed) and chained blocks
+(a session's, handed from turn to turn without the index) change nothing a run reports: the same scenario with
+the workload's ``private_from`` and ``chain_from`` withheld (every block indexed, the reference) gives the same
+per-request results, series and summary, on every path where a request leaves a replica unfinished
+(preemption by recompute and by swap, a prefill worker's hand-off, a failed node)."""
 
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +16,7 @@ from simulator.fleet.replica import Replica
 from simulator.results.run_result import VariantResult
 from simulator.scenario import load_mapping
 from simulator.simulation import run
+from simulator.workload import workload
 from simulator.workload.block_keys import SyntheticBlockKeys
 
 BASE: dict[str, Any] = {
@@ -71,6 +73,7 @@ def _run(loaded: Any, *, private: bool, monkeypatch: pytest.MonkeyPatch) -> tupl
     with monkeypatch.context() as patch:
         if not private:
             patch.setattr(SyntheticBlockKeys, "private_from", lambda self, start, stop: None)
+            patch.setattr(workload, "_chain_from", lambda keys, start, stop: None)
         seen = [0, 0]
 
         def count(variant: str, replicas: Sequence[Replica]) -> None:
