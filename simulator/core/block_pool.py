@@ -179,14 +179,14 @@ class BlockPool:
             return self._ref[block_id]
         return 0 if block_id in self._stack_order() else 1
 
-    def num_unreferenced(self, blocks: Sequence[int]) -> int:
-        """How many of these blocks nobody references (prefix hits on free cached blocks: never blocks in a
-        run, which nothing can find)."""
+    def num_unreferenced(self, blocks: Sequence[int], stop: int = -1) -> int:
+        """How many of these blocks (the first ``stop``; all when negative) nobody references (prefix hits
+        on free cached blocks: never blocks in a run, which nothing can find)."""
         ref = self._ref
         ids: list[Any] = blocks if isinstance(blocks, list) else list(blocks)  # compiled: an indexed loop
         num: i64 = 0
         i: i64 = 0
-        count: i64 = len(ids)
+        count: i64 = len(ids) if stop < 0 else min(stop, len(ids))
         while i < count:
             block_id: int = ids[i]
             if ref[block_id] == 0:
@@ -261,7 +261,7 @@ class BlockPool:
             i += 1
         return live
 
-    def holds_prefix(self, blocks: list[int], block_hashes: list[int], max_blocks: int) -> bool:
+    def holds_prefix(self, blocks: list[int], block_hashes: tuple[int, ...], max_blocks: int) -> bool:
         """Whether a prefix lookup of ``block_hashes`` capped at ``max_blocks`` (``KVManager
         .get_computed_blocks``) would answer ``blocks`` now: each still holds the very hash object at its
         position, and the next hash, if the cap allows one, is not cached. With no hash held twice, a block
@@ -271,7 +271,7 @@ class BlockPool:
             return False
         hash_of: list[Any] = self._hash_of
         ids: list[Any] = blocks
-        hashes: list[Any] = block_hashes
+        hashes: tuple[Any, ...] = block_hashes
         i: i64 = 0
         while i < num:
             block_id: int = ids[i]
@@ -602,7 +602,7 @@ class BlockPool:
         self._num_marked -= num
         return taken
 
-    def index_run(self, run: list[int], block_hashes: list[int], stop: int) -> None:
+    def index_run(self, run: list[int], block_hashes: tuple[int, ...], stop: int) -> None:
         """Index the queued blocks of a run after all (something may look them up through the index now):
         each becomes a free block of its own, queued where the run is, in the run's order, and indexed under
         its hash, as if it had been indexed when cached. ``block_hashes`` are the hashes of the run's table
@@ -618,7 +618,7 @@ class BlockPool:
         offset = self._run_offset if position == head else 0
         live: list[Any] = run[offset:]
         size = len(run)
-        hashes: list[Any] = block_hashes
+        hashes: tuple[Any, ...] = block_hashes
         state_ref = self._ref
         entries = self._entries
         hash_of: list[Any] = self._hash_of
@@ -701,9 +701,9 @@ class BlockPool:
         another block already holds is indexed as a further copy (lookups keep answering with the oldest)."""
         if len(block_ids) != len(block_hashes):
             raise ValueError(f"{len(block_ids)} blocks but {len(block_hashes)} hashes")
-        self.cache_range(list(block_ids), list(block_hashes), 0, len(block_ids))
+        self.cache_range(list(block_ids), tuple(block_hashes), 0, len(block_ids))
 
-    def cache_range(self, block_ids: list[int], block_hashes: list[int], start: int, stop: int,
+    def cache_range(self, block_ids: list[int], block_hashes: tuple[int, ...], start: int, stop: int,
                     private_from: int = NOT_PRIVATE) -> None:
         """``cache_blocks(block_ids[start:stop], block_hashes[start:stop])`` without the slices: a request's
         table and hashes, indexed from its first block not yet indexed. Blocks from ``private_from`` on hold
@@ -720,7 +720,7 @@ class BlockPool:
         # be unboxed and boxed anew for every dict operation). Indexed, not zip(strict=True): that zip is a
         # generic keyword call.
         ids: list[Any] = block_ids
-        hashes: list[Any] = block_hashes
+        hashes: tuple[Any, ...] = block_hashes
         hash_of = self._hash_of
         cached: dict[Any, Any] = self.cached
         on_cache = self.on_cache
@@ -746,7 +746,7 @@ class BlockPool:
                     on_cache(block_hash)
             i += 1
 
-    def index_private(self, block_ids: list[int], block_hashes: list[int], start: int, stop: int) -> None:
+    def index_private(self, block_ids: list[int], block_hashes: tuple[int, ...], start: int, stop: int) -> None:
         """Index a request's marked blocks ``block_ids[start:stop]`` under their hashes, in order, as
         ``cache_range`` would have (the request may look them up from now on)."""
         self._num_marked -= stop - start

@@ -147,7 +147,7 @@ class KVManager:
         max_blocks = min(request.num_hashed_blocks, (request.num_tokens - 1) // self.block_size)
         # Hashes and ids as objects (see BlockPool.cache_blocks): compiled, no unboxing and re-boxing.
         cached: dict[Any, Any] = self.pool.cached
-        hashes: list[Any] = request.block_hashes
+        hashes: tuple[Any, ...] = request.block_hashes
         if len(hashes) < max_blocks:
             if self._indexes_own(request):
                 # A life of it may have indexed its own blocks here: look them all up.
@@ -182,7 +182,7 @@ class KVManager:
         self._last_hits = hits
         return list(hits)
 
-    def _walk(self, hashes: list[Any], start: int, stop: int, hits: list[Any]) -> int:
+    def _walk(self, hashes: tuple[Any, ...], start: int, stop: int, hits: list[Any]) -> int:
         """Append the blocks the index holds for ``hashes[start:stop]`` to ``hits``, up to the first miss;
         returns where the walk stopped."""
         cached: dict[Any, Any] = self.pool.cached
@@ -201,7 +201,7 @@ class KVManager:
         start = request.chain_from
         if start >= NOT_PRIVATE or not self.chains_on:
             return None
-        hashes: list[Any] = request.block_hashes
+        hashes: tuple[Any, ...] = request.block_hashes
         if len(hashes) <= start or self.reads_every_hash or self._indexes_own(request):
             return None
         key = hashes[start]
@@ -211,7 +211,7 @@ class KVManager:
         """``get_computed_blocks`` for a request with a chain: the index up to the chain, then what is left
         of the run its session's last turn here left, taken whole (``allocate`` takes it over)."""
         start = request.chain_from
-        hashes: list[Any] = request.block_hashes
+        hashes: tuple[Any, ...] = request.block_hashes
         hits: list[Any] = []
         chain = self._chains.get(key)
         if chain is not None and chain.run is None:
@@ -327,7 +327,9 @@ class KVManager:
                 taken = self.pool.run_live(claim.run)
         # Hit blocks nobody references sit in the free queue: taking them consumes free capacity too (a run's
         # blocks, taken over, all of them).
-        evictable_hits = self.pool.num_unreferenced(new_computed_blocks) + taken if new_computed_blocks else 0
+        evictable_hits = 0
+        if new_computed_blocks:  # a run's blocks are never referenced: only the ones before it are read
+            evictable_hits = self.pool.num_unreferenced(new_computed_blocks, len(new_computed_blocks) - taken) + taken
         if num_new + evictable_hits > self.pool.num_free:
             return None
         to_pop = num_new

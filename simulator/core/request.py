@@ -12,7 +12,7 @@ both run it.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from simulator.core.block_pool import NOT_PRIVATE
 
@@ -231,7 +231,7 @@ class Request:
         self.num_preemptions = 0
         self.num_swapped_tokens = 0
         """Tokens of KV held in host memory while SWAPPED."""
-        self.block_hashes: list[int] = list(spec.known_hashes)
+        self.block_hashes: tuple[Any, ...] = spec.known_hashes
         """Hash of each full block, as values: all of them, or those before the spec's private tail while
         nothing needs the tail's (``expose_hashes``); the paths that read a hash past ``private_from``
         expose them first."""
@@ -255,7 +255,7 @@ class Request:
         """Hold every hash as a value (a private tail derived: the request's blocks past ``private_from``
         are about to be indexed, or looked up where they may have been)."""
         if len(self.block_hashes) < self.num_hashed_blocks:
-            self.block_hashes = list(self.spec.block_hashes)
+            self.block_hashes = self.spec.block_hashes
 
     @property
     def num_tokens(self) -> int:

@@ -375,23 +375,23 @@ def test_holds_prefix_answers_as_a_fresh_walk_would() -> None:
     pool = BlockPool(6)
     a, b, c = pool.get_new_blocks(3)
     pool.cache_blocks([a], [h0])
-    assert pool.holds_prefix([a], [h0, h1], 2)
-    assert pool.holds_prefix([a], [h0, h1], 1)  # the cap ends the walk
-    assert not pool.holds_prefix([a], [h0, h1], 0)  # more blocks than the cap allows
+    assert pool.holds_prefix([a], (h0, h1), 2)
+    assert pool.holds_prefix([a], (h0, h1), 1)  # the cap ends the walk
+    assert not pool.holds_prefix([a], (h0, h1), 0)  # more blocks than the cap allows
     pool.cache_blocks([b], [h1])
-    assert not pool.holds_prefix([a], [h0, h1], 2)  # the walk would go on to b now
-    assert pool.holds_prefix([a, b], [h0, h1, h2], 3)
+    assert not pool.holds_prefix([a], (h0, h1), 2)  # the walk would go on to b now
+    assert pool.holds_prefix([a, b], (h0, h1, h2), 3)
     twin = int(str(h1))  # equal, but another int object: walk again (the check is by identity)
-    assert twin is not h1 and not pool.holds_prefix([a, b], [h0, twin, h2], 3)
+    assert twin is not h1 and not pool.holds_prefix([a, b], (h0, twin, h2), 3)
     pool.cache_blocks([c], [h0])  # a second copy of h0
-    assert not pool.holds_prefix([a, b], [h0, h1, h2], 3)
+    assert not pool.holds_prefix([a, b], (h0, h1, h2), 3)
     pool.free_blocks([c])
     assert pool.get_new_blocks(1) == [pool.num_blocks - 3]  # a never-used block first: c stays a copy
-    assert not pool.holds_prefix([a, b], [h0, h1, h2], 3)
+    assert not pool.holds_prefix([a, b], (h0, h1, h2), 3)
     pool.free_blocks([a, b])  # a, then b, to the queue's tail
     pool.get_new_blocks(2)  # the two never-used ones
-    assert pool.holds_prefix([a, b], [h0, h1, h2], 3) is False  # c's copy of h0 still queued
+    assert pool.holds_prefix([a, b], (h0, h1, h2), 3) is False  # c's copy of h0 still queued
     taken = pool.get_new_blocks(1)  # c, freed first, is evicted: no copies left
-    assert taken == [c] and pool.holds_prefix([a, b], [h0, h1, h2], 3)
+    assert taken == [c] and pool.holds_prefix([a, b], (h0, h1, h2), 3)
     pool.get_new_blocks(1)  # a is evicted: h0 no longer cached
-    assert not pool.holds_prefix([a, b], [h0, h1, h2], 3)
+    assert not pool.holds_prefix([a, b], (h0, h1, h2), 3)

@@ -43,9 +43,10 @@ def test_a_tail_is_derived_once_and_equals_the_values() -> None:
 def test_a_request_holds_the_values_until_it_exposes_its_tail() -> None:
     _, spec = _specs()
     request = Request(spec)
-    assert request.block_hashes == [11, 12] and request.num_hashed_blocks == 6
+    assert request.block_hashes == (11, 12) and request.num_hashed_blocks == 6
+    assert request.block_hashes is spec.known_hashes  # the spec's own tuple: no copy per request
     request.expose_hashes()
-    assert request.block_hashes == list(spec.block_hashes) and len(request.block_hashes) == 6
+    assert request.block_hashes is spec.block_hashes and len(request.block_hashes) == 6
     # The spec keeps what was derived: a later life of the request (a retry) holds every value at once.
     assert Request(spec).block_hashes == request.block_hashes
 

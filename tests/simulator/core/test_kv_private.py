@@ -269,7 +269,7 @@ def test_scripted_twins_free_runs_queued_together() -> None:
 def test_marked_blocks_are_cached_queued_and_evicted_like_indexed_ones() -> None:
     pool = BlockPool(5)
     blocks = pool.get_new_blocks(4)  # a request's table: a shared block, two of its own, a partial one
-    pool.cache_range(blocks, [7, 8, 9], 0, 3, private_from=1)
+    pool.cache_range(blocks, (7, 8, 9), 0, 3, private_from=1)
     assert pool.cached == {7: blocks[0]} and pool.num_cached == 3 and pool.num_marked == 2
     pool.free_marked_table(list(blocks), 1, 3)  # the pool takes the list over: a copy, to read ours after
     # The partial block to the front, then the marked ones as one run, then the shared one: free_blocks's order.
@@ -286,24 +286,24 @@ def test_marked_blocks_are_cached_queued_and_evicted_like_indexed_ones() -> None
 def test_marked_blocks_are_indexed_when_asked_and_with_a_listener() -> None:
     pool = BlockPool(4)
     blocks = pool.get_new_blocks(2)
-    pool.cache_range(blocks, [7, 8], 0, 2, private_from=0)
-    pool.index_private(blocks, [7, 8], 0, 2)
+    pool.cache_range(blocks, (7, 8), 0, 2, private_from=0)
+    pool.index_private(blocks, (7, 8), 0, 2)
     assert pool.cached == {7: blocks[0], 8: blocks[1]} and pool.num_cached == 2 and pool.num_marked == 0
     listened = BlockPool(4)
     seen: list[int] = []
     listened.on_cache = seen.append
     more = listened.get_new_blocks(2)
-    listened.cache_range(more, [7, 8], 0, 2, private_from=0)
+    listened.cache_range(more, (7, 8), 0, 2, private_from=0)
     assert seen == [7, 8] and listened.cached == {7: more[0], 8: more[1]} and listened.num_marked == 0
 
 
 def test_compaction_keeps_runs_whole_and_in_place() -> None:
     pool = BlockPool(3000)
     shared = pool.get_new_blocks(1)
-    pool.cache_range(shared, [1], 0, 1)
+    pool.cache_range(shared, (1,), 0, 1)
     pool.free_blocks(shared)
     own = pool.get_new_blocks(2)
-    pool.cache_range(own, [2, 3], 0, 2, private_from=0)
+    pool.cache_range(own, (2, 3), 0, 2, private_from=0)
     pool.free_marked_table(list(own), 0, 2)
     order = pool.free_queue
     for _ in range(1500):  # hits on the free shared block leave stale entries until the queue is compacted
