@@ -65,13 +65,17 @@ class HashRing:
 
 
 
+_HOMES_KEPT: Final = 1 << 16
+"""Sessions whose owner ``AffinityRoute`` keeps at most (~6 MB)."""
+
+
 class AffinityRoute:
     """``SessionAffinityRouter.choose`` on live views (index = replica id), as one call per request: the ring
     of ids 0..n-1 (built again when the fleet's size changes), the bounded-load capacity from the load
     list's running total, the owner or the first replica under capacity clockwise, and least-loaded for a
     request without a session — the same answers, read off ``LoadLevels`` without a view or a sum."""
 
-    __slots__ = ("_epsilon", "_ring", "_ring_size", "_virtual_nodes", "levels")
+    __slots__ = ("_epsilon", "_homes", "_ring", "_ring_size", "_virtual_nodes", "levels")
 
     def __init__(self, levels: LoadLevels, epsilon: float, virtual_nodes: int) -> None:
         self.levels = levels
@@ -79,6 +83,11 @@ class AffinityRoute:
         self._virtual_nodes = virtual_nodes
         self._ring: HashRing | None = None
         self._ring_size = -1
+        self._homes: dict[int, int] = {}
+        """Session -> its owner on the current ring: a session's later turns skip the hash and the search
+        (~7 k instructions compiled: the hash's products are big ints). Emptied with a new ring, and when
+        it outgrows ``_HOMES_KEPT`` (a session's turns come minutes apart: recent sessions are the ones
+        asked for again)."""
 
     def __call__(self, spec: RequestSpec, now_s: float) -> int:
         levels = self.levels
@@ -93,8 +102,15 @@ class AffinityRoute:
         if ring is None or self._ring_size != n:
             ring = self._ring = HashRing(range(n), self._virtual_nodes)
             self._ring_size = n
+            self._homes = {}
         cap = math.ceil((1.0 + self._epsilon) * float(levels.total + 1) / n)
-        home = ring.owner(session)
+        homes = self._homes
+        home = homes.get(session, -1)
+        if home < 0:
+            home = ring.owner(session)
+            if len(homes) >= _HOMES_KEPT:
+                homes.clear()
+            homes[session] = home
         if loads[home] < cap:
             return home
         for rid in ring.walk(session):
