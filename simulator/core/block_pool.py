@@ -94,8 +94,9 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self._ref: list[int] = []
-        """With caching: the reference count of each block handed out so far (index = block id; later ids
-        are all 0). Without caching it stays empty (``ref_cnt`` derives the counts)."""
+        """With caching: the reference count of each block (index = block id), as far as blocks have been
+        handed out and a margin past them (``_grow``; later ids are all 0). Without caching it stays empty
+        (``ref_cnt`` derives the counts)."""
         self._num_handed = 0
         """Blocks handed out at least once: ids below this have left the never-used head of the order."""
         self._entries: list[int] = []
@@ -130,6 +131,9 @@ class BlockPool:
         self._run_offset = 0
         """Blocks already handed out of the run at the head of ``_freed`` (0 when the head is a block)."""
         self._copies: dict[int, list[int]] = {}
+        self.copies_made = 0
+        """Copies made so far (a hash cached by a block while another holds it): a lookup answered from an
+        earlier one checks that none was made since (``holds_prefix``)."""
         """Hash -> further blocks holding it, oldest first (vLLM indexes duplicate copies too)."""
         self.unhashed_first = unhashed_first
         self._front: list[int] = []
@@ -158,12 +162,12 @@ class BlockPool:
 
     @property
     def ref_cnt(self) -> list[int]:
-        """Reference count of each block handed out so far (index = block id; later ids are all 0).
-        Without caching, or with blocks in runs, it is derived, in O(blocks): for checks, not hot paths."""
+        """Reference count of each block handed out so far (index = block id; later ids are all 0), as a new
+        list, in O(blocks): for checks, not hot paths."""
         if self.enable_caching:
+            counts = self._ref[:self._num_handed]
             if not self._num_in_runs:
-                return self._ref
-            counts = list(self._ref)
+                return counts
             for block_id in self._run_blocks():
                 counts[block_id] = 0
             return counts
@@ -261,13 +265,17 @@ class BlockPool:
             i += 1
         return live
 
-    def holds_prefix(self, blocks: list[int], block_hashes: tuple[int, ...], max_blocks: int) -> bool:
+    def holds_prefix(self, blocks: list[int], block_hashes: tuple[int, ...], max_blocks: int,
+                     copies_made: int) -> bool:
         """Whether a prefix lookup of ``block_hashes`` capped at ``max_blocks`` (``KVManager
-        .get_computed_blocks``) would answer ``blocks`` now: each still holds the very hash object at its
-        position, and the next hash, if the cap allows one, is not cached. With no hash held twice, a block
-        holding a hash is the one the index answers with; with copies this answers False (walk again)."""
+        .get_computed_blocks``) would answer ``blocks`` now, given that one did when ``copies_made`` (this
+        pool's count then) was the count of copies made: each still holds the very hash object at its
+        position, no copy of any hash was made since, and the next hash, if the cap allows one, is not
+        cached. Then each block is still the one the index answers with: an answer changes only as its block
+        is evicted, and the block could hold the hash again only by caching it anew, as a copy of the new
+        answer if there is one (which counts as a copy made)."""
         num: i64 = len(blocks)
-        if num > max_blocks or self._copies:
+        if num > max_blocks or self.copies_made != copies_made:
             return False
         hash_of: list[Any] = self._hash_of
         ids: list[Any] = blocks
@@ -308,18 +316,30 @@ class BlockPool:
         if num_fresh == 1:  # the usual case (a decode token starting a block): no temporary lists
             self._num_handed = start + 1
             out.append(_ids_to(start + 1)[start])
-            ref.append(1)
-            self._entries.append(0)
-            self._hash_of.append(None)
+            if start >= len(ref):
+                self._grow(start + 1)
+            ref[start] = 1
         elif num_fresh:
             self._num_handed = start + num_fresh
             out += _ids_to(start + num_fresh)[start:start + num_fresh]
-            ref.extend([1] * num_fresh)
-            self._entries.extend([0] * num_fresh)
-            self._hash_of.extend([None] * num_fresh)
+            self._grow(start + num_fresh)
+            ref[start:start + num_fresh] = [1] * num_fresh
         if remaining:
             self._take_freed(out, remaining)
         return out
+
+    def _grow(self, stop: int) -> None:
+        """The per-block lists (``_ref``, ``_entries``, ``_hash_of``) long enough for ids below ``stop``,
+        padded as a never-used block is (no reference, no entry, no hash): grown by at least doubling (up to
+        the pool's size), not one append per block handed out, which grew them by an eighth at a time, each
+        time copied whole."""
+        size = len(self._ref)
+        if stop <= size:
+            return
+        num = min(self.num_blocks, max(stop, 2 * size, 1024)) - size
+        self._ref.extend([0] * num)
+        self._entries.extend([0] * num)
+        self._hash_of.extend([None] * num)
 
     def append_new_block(self, table: list[int]) -> None:
         """``table.append(get_new_blocks(1)[0])`` without the one-block list: a decode token starting a
@@ -339,9 +359,10 @@ class BlockPool:
         if start < self.num_blocks:
             self._num_handed = start + 1
             table.append(_ids_to(start + 1)[start])
-            self._ref.append(1)
-            self._entries.append(0)
-            self._hash_of.append(None)
+            ref = self._ref
+            if start >= len(ref):
+                self._grow(start + 1)
+            ref[start] = 1
             return
         freed: list[Any] = self._freed
         head: i64 = self._freed_head
@@ -521,15 +542,20 @@ class BlockPool:
                 table.append(_ids_to(self._num_handed + 1)[self._num_handed])
                 self._num_handed += 1
 
-    def touch(self, blocks: Iterable[int]) -> None:
-        """Take a reference on prefix-hit blocks; a free one leaves the queue (it is no longer evictable)."""
+    def touch(self, blocks: Iterable[int], stop: int = -1) -> None:
+        """Take a reference on prefix-hit blocks (the first ``stop``; all when negative); a free one leaves
+        the queue (it is no longer evictable)."""
         ref = self._ref
         hits: list[int] = blocks if isinstance(blocks, list) else list(blocks)  # compiled: an indexed loop
-        for block_id in hits:
+        num: i64 = len(hits) if stop < 0 else min(stop, len(hits))
+        i: i64 = 0
+        while i < num:
+            block_id = hits[i]
             count = ref[block_id]
             if count == 0:
                 self._num_freed -= 1  # its queue entry goes stale
             ref[block_id] = count + 1  # not ``+= 1``: compiled, an augmented item assignment is a generic add
+            i += 1
         if len(self._freed) - self._freed_head > 2 * self._num_freed + _COMPACT_SLACK:
             self._compact()
 
@@ -580,12 +606,12 @@ class BlockPool:
         live.reverse()
         return live
 
-    def take_run(self, run: list[int]) -> list[int]:
-        """What is left of a run, taken as prefix hits by a later request of its chain (``KVManager``): the
-        blocks leave the queue, in the order of their table (the run's reversed), and stay referenced once,
-        now by the taker. They stop counting as marked here: the taker marks them again as it caches them
-        (``cache_range``), as the index would take a hit block back without a new entry. The run stays in
-        the queue, empty, and is passed over."""
+    def take_run(self, run: list[int]) -> int:
+        """Take what is left of a run as prefix hits of a later request of its chain (``KVManager``, which
+        read them with ``run_blocks``); returns how many. The blocks leave the queue and stay referenced
+        once, now by the taker. They stop counting as marked here: the taker marks them again as it caches
+        them (``cache_range``), as the index would take a hit block back without a new entry. The run stays
+        in the queue, empty, and is passed over."""
         freed: list[Any] = self._freed
         head = self._freed_head
         offset = 0
@@ -593,14 +619,12 @@ class BlockPool:
             offset = self._run_offset
             self._run_offset = 0
             self._freed_head = head + 1
-        taken = run[offset:] if offset else list(run)
-        taken.reverse()
+        num = len(run) - offset
         run.clear()
-        num = len(taken)
         self._num_freed -= num
         self._num_in_runs -= num
         self._num_marked -= num
-        return taken
+        return num
 
     def index_run(self, run: list[int], block_hashes: tuple[int, ...], stop: int) -> None:
         """Index the queued blocks of a run after all (something may look them up through the index now):
@@ -632,6 +656,7 @@ class BlockPool:
             hash_of[block_id] = block_hash
             if cached.setdefault(block_hash, held) is not held:
                 self._copies.setdefault(block_hash, []).append(held)
+                self.copies_made += 1
             j += 1
         freed[position:position + 1] = live
         if position == head:
@@ -742,6 +767,7 @@ class BlockPool:
                 # One probe of the index (a large dict read at random) whether the hash is new or not.
                 if cached.setdefault(block_hash, held) is not held:
                     self._copies.setdefault(block_hash, []).append(held)
+                    self.copies_made += 1
                 elif on_cache is not None:
                     on_cache(block_hash)
             i += 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from simulator.core.block_pool import NOT_PRIVATE, BlockPool
 from simulator.core.request import Request
@@ -52,6 +52,10 @@ class KVStats:
         """Unused allocated share beyond each request's last partial block."""
         used = self.num_used_blocks * self.block_size
         return (self.num_reserved_unused_slots - self.num_tail_slack_slots) / used if used else 0.0
+
+
+_PREFIX_WALKS_KEPT: Final = 1024
+"""Shared prefixes whose last walk ``KVManager._walk_prefix`` keeps at most."""
 
 
 class _Chain:
@@ -119,11 +123,17 @@ class KVManager:
         """Chains indexed after all (``_open_chain``): their sessions' blocks here are indexed as usual."""
         self._swept_at = 64
         """``_chains`` is swept of chains with nothing left when it outgrows this."""
+        self._prefix_walks: dict[Any, tuple[list[Any], int]] = {}
+        """First hash of a chain's shared prefix -> the blocks its last walk found, and the pool's count of
+        copies made then (``_walk_prefix``)."""
         self._claim: _Chain | None = None
         self._claimer: Request | None = None
-        """The chain whose run the last lookup answered with, and its request: ``allocate`` takes it."""
+        self._claimed = 0
+        """The chain whose run the last lookup answered with, its request, and how many of the run's blocks
+        ended its hits: ``allocate`` takes them."""
         self._last_looked_up: Request | None = None
         self._last_hits: list[Any] = []
+        self._last_copies_made = 0
         """The last lookup's request and answer (``get_computed_blocks``): a queue's head that cannot be
         admitted is looked up again every step, and is answered from here when the pool shows that the same
         walk would find the same blocks (``BlockPool.holds_prefix``)."""
@@ -162,7 +172,8 @@ class KVManager:
         key = self._chain_key(request)
         if key is not None:
             return self._chained_lookup(request, key, max_blocks)
-        if request is self._last_looked_up and self.pool.holds_prefix(self._last_hits, hashes, max_blocks):
+        if request is self._last_looked_up and self.pool.holds_prefix(self._last_hits, hashes, max_blocks,
+                                                                      self._last_copies_made):
             # The blocks found last time still hold these hashes, and the walk would stop where it did: an
             # overloaded replica's blocked head costs one check per hit block here, not one index probe.
             return list(self._last_hits)
@@ -180,6 +191,7 @@ class KVManager:
             del hits[count:]
         self._last_looked_up = request
         self._last_hits = hits
+        self._last_copies_made = self.pool.copies_made
         return list(hits)
 
     def _walk(self, hashes: tuple[Any, ...], start: int, stop: int, hits: list[Any]) -> int:
@@ -195,6 +207,25 @@ class KVManager:
             hits.append(block)
             i += 1
         return i
+
+    def _walk_prefix(self, hashes: tuple[Any, ...], stop: int, hits: list[Any]) -> int:
+        """``_walk(hashes, 0, stop, hits)`` for a chain's shared prefix (its system prompt): answered from
+        the last walk that began with the same hash when its blocks still hold these very hashes and a walk
+        would stop where it did (``BlockPool.holds_prefix``); one list read per block rather than an index
+        probe (the prefix's hashes are the same objects in every request: ``SharedHashes``)."""
+        if stop <= 0:
+            return 0
+        walks = self._prefix_walks
+        first = hashes[0]
+        last = walks.get(first)
+        if last is not None and self.pool.holds_prefix(last[0], hashes, stop, last[1]):
+            hits += last[0]
+            return len(last[0])
+        count = self._walk(hashes, 0, stop, hits)
+        if len(walks) >= _PREFIX_WALKS_KEPT:
+            walks.clear()
+        walks[first] = (hits[:count], self.pool.copies_made)
+        return count
 
     def _chain_key(self, request: Request) -> Any:
         """The first hash of the request's chain when it hands chained blocks on here, else None."""
@@ -219,7 +250,7 @@ class KVManager:
             self._open_chain(key)
             self._walk(hashes, 0, max_blocks, hits)
             return hits
-        count = self._walk(hashes, 0, min(start, max_blocks), hits)
+        count = self._walk_prefix(hashes, min(start, max_blocks), hits)
         run = None if chain is None else chain.run
         if run is None or count < start or start >= max_blocks:
             if run is not None and count < start and self.pool.run_live(run):
@@ -237,6 +268,7 @@ class KVManager:
         hits += self.pool.run_blocks(run)
         self._claim = chain
         self._claimer = request
+        self._claimed = live
         return hits
 
     def _open_chain(self, key: Any) -> None:
@@ -325,6 +357,8 @@ class KVManager:
             self._claim = None
             if self._claimer is request and new_computed_blocks and claim.run is not None:
                 taken = self.pool.run_live(claim.run)
+                if taken != self._claimed:  # the hits end with the blocks the run held at the lookup
+                    raise AssertionError("allocate: the chain's run changed since the lookup")
         # Hit blocks nobody references sit in the free queue: taking them consumes free capacity too (a run's
         # blocks, taken over, all of them).
         evictable_hits = 0
@@ -346,10 +380,8 @@ class KVManager:
             if taken and claim is not None and claim.run is not None:
                 num_indexed = len(new_computed_blocks) - taken
                 if num_indexed:
-                    self.pool.touch(new_computed_blocks[:num_indexed])
-                chained = self.pool.take_run(claim.run)
-                if list(new_computed_blocks[num_indexed:]) != chained:
-                    raise AssertionError("allocate: the hits end with other blocks than the chain's run")
+                    self.pool.touch(new_computed_blocks, num_indexed)
+                self.pool.take_run(claim.run)
                 claim.run = None
                 claim.holder = request
             else:

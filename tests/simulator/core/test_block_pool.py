@@ -368,30 +368,35 @@ TestKVManager.settings = settings(max_examples=120, stateful_step_count=40, dead
 
 
 def test_holds_prefix_answers_as_a_fresh_walk_would() -> None:
-    """``holds_prefix`` (a repeated lookup answered from the last one) is True only where a walk of the
-    index would find exactly those blocks: each still holds its hash, the walk stops after them (a miss or
-    the cap), and no hash has a second copy (which could be the one the index answers with)."""
+    """``holds_prefix`` (a lookup answered from an earlier one, made when the pool's count of copies was
+    ``made``) is True only where a walk of the index would find exactly those blocks: each still holds its
+    hash, the walk stops after them (a miss or the cap), and no copy of a hash was made since (a block
+    holding a hash again could then be a younger copy, not the one the index answers with)."""
     h0, h1, h2 = 1 << 40, (1 << 40) + 1, (1 << 40) + 2
     pool = BlockPool(6)
     a, b, c = pool.get_new_blocks(3)
     pool.cache_blocks([a], [h0])
-    assert pool.holds_prefix([a], (h0, h1), 2)
-    assert pool.holds_prefix([a], (h0, h1), 1)  # the cap ends the walk
-    assert not pool.holds_prefix([a], (h0, h1), 0)  # more blocks than the cap allows
+    made = pool.copies_made
+    assert pool.holds_prefix([a], (h0, h1), 2, made)
+    assert pool.holds_prefix([a], (h0, h1), 1, made)  # the cap ends the walk
+    assert not pool.holds_prefix([a], (h0, h1), 0, made)  # more blocks than the cap allows
     pool.cache_blocks([b], [h1])
-    assert not pool.holds_prefix([a], (h0, h1), 2)  # the walk would go on to b now
-    assert pool.holds_prefix([a, b], (h0, h1, h2), 3)
+    assert not pool.holds_prefix([a], (h0, h1), 2, made)  # the walk would go on to b now
+    assert pool.holds_prefix([a, b], (h0, h1, h2), 3, made)
     twin = int(str(h1))  # equal, but another int object: walk again (the check is by identity)
-    assert twin is not h1 and not pool.holds_prefix([a, b], (h0, twin, h2), 3)
-    pool.cache_blocks([c], [h0])  # a second copy of h0
-    assert not pool.holds_prefix([a, b], (h0, h1, h2), 3)
-    pool.free_blocks([c])
-    assert pool.get_new_blocks(1) == [pool.num_blocks - 3]  # a never-used block first: c stays a copy
-    assert not pool.holds_prefix([a, b], (h0, h1, h2), 3)
-    pool.free_blocks([a, b])  # a, then b, to the queue's tail
-    pool.get_new_blocks(2)  # the two never-used ones
-    assert pool.holds_prefix([a, b], (h0, h1, h2), 3) is False  # c's copy of h0 still queued
-    taken = pool.get_new_blocks(1)  # c, freed first, is evicted: no copies left
-    assert taken == [c] and pool.holds_prefix([a, b], (h0, h1, h2), 3)
-    pool.get_new_blocks(1)  # a is evicted: h0 no longer cached
-    assert not pool.holds_prefix([a, b], (h0, h1, h2), 3)
+    assert twin is not h1 and not pool.holds_prefix([a, b], (h0, twin, h2), 3, made)
+    pool.cache_blocks([c], [h0])  # a second copy of h0 (a's stays the answer, but a copy was made)
+    assert pool.copies_made == made + 1 and not pool.holds_prefix([a, b], (h0, h1, h2), 3, made)
+    made = pool.copies_made  # walked again: a and b
+    assert pool.holds_prefix([a, b], (h0, h1, h2), 3, made)
+    pool.free_blocks([a, b])  # a, then b, to the queue's tail: still cached, a still the answer for h0
+    assert pool.holds_prefix([a, b], (h0, h1, h2), 3, made)
+    pool.get_new_blocks(3)  # the three never-used ones
+    taken = pool.get_new_blocks(1)  # a, freed first, is evicted: c's copy answers for h0 now
+    assert taken == [a] and pool.cached[h0] == c
+    assert not pool.holds_prefix([a, b], (h0, h1, h2), 3, made)
+    pool.cache_blocks([a], [h0])  # a holds h0 again, a copy of c's: not the answer
+    assert pool.cached[h0] == c and pool.copies_made == made + 1
+    assert not pool.holds_prefix([a, b], (h0, h1, h2), 3, made)
+    made = pool.copies_made
+    assert pool.holds_prefix([c, b], (h0, h1, h2), 3, made)  # what a walk finds now
