@@ -75,9 +75,10 @@ class AffinityRoute:
     list's running total, the owner or the first replica under capacity clockwise, and least-loaded for a
     request without a session — the same answers, read off ``LoadLevels`` without a view or a sum."""
 
-    __slots__ = ("_epsilon", "_homes", "_ring", "_ring_size", "_virtual_nodes", "levels")
+    __slots__ = ("_epsilon", "_homes", "_homes_kept", "_ring", "_ring_size", "_virtual_nodes", "levels")
 
-    def __init__(self, levels: LoadLevels, epsilon: float, virtual_nodes: int) -> None:
+    def __init__(self, levels: LoadLevels, epsilon: float, virtual_nodes: int,
+                 homes_kept: int = _HOMES_KEPT) -> None:
         self.levels = levels
         self._epsilon = epsilon
         self._virtual_nodes = virtual_nodes
@@ -86,8 +87,9 @@ class AffinityRoute:
         self._homes: dict[int, int] = {}
         """Session -> its owner on the current ring: a session's later turns skip the hash and the search
         (~7 k instructions compiled: the hash's products are big ints). Emptied with a new ring, and when
-        it outgrows ``_HOMES_KEPT`` (a session's turns come minutes apart: recent sessions are the ones
-        asked for again)."""
+        it outgrows ``homes_kept`` (a session's turns come minutes apart: recent sessions are the ones asked
+        for again)."""
+        self._homes_kept = homes_kept
 
     def __call__(self, spec: RequestSpec, now_s: float) -> int:
         levels = self.levels
@@ -108,7 +110,7 @@ class AffinityRoute:
         home = homes.get(session, -1)
         if home < 0:
             home = ring.owner(session)
-            if len(homes) >= _HOMES_KEPT:
+            if len(homes) >= self._homes_kept:
                 homes.clear()
             homes[session] = home
         if loads[home] < cap:

@@ -346,20 +346,17 @@ def test_session_affinity_on_live_views_routes_as_on_plain_views(placements: lis
             levels.set(gone, replicas[gone].load)
 
 
-def test_affinity_route_keeps_each_sessions_owner_without_growing_past_its_bound(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_affinity_route_keeps_each_sessions_owner_without_growing_past_its_bound() -> None:
     """``AffinityRoute`` remembers the owners it found (a session's later turns skip the hash): asked again,
-    and after its memory was emptied for outgrowing its bound (pure Python: a bound of 3 here), it answers
-    the ring's owner, and it holds no more than the bound."""
-    from simulator.fleet import hash_ring
-    monkeypatch.setattr(hash_ring, "_HOMES_KEPT", 3)
+    and after its memory was emptied for outgrowing its bound (3 here), it answers the ring's owner, and it
+    holds no more than the bound."""
     levels = LoadLevels(5)
-    route = AffinityRoute(levels, epsilon=100.0, virtual_nodes=20)  # a capacity no load reaches: the owner
+    route = AffinityRoute(levels, epsilon=100.0, virtual_nodes=20, homes_kept=3)  # capacity never reached
     ring = HashRing(range(5), 20)
     for turn in range(3):
         for session in range(10):
             assert route(spec(turn * 10 + session, session_id=session * 7919), 0.0) == ring.owner(session * 7919)
-    assert len(route._homes) <= hash_ring._HOMES_KEPT
+    assert len(route._homes) <= 3
 
 
 @settings(max_examples=25, deadline=None)
