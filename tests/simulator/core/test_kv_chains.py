@@ -215,6 +215,30 @@ def test_the_chains_are_taken_over() -> None:
     """The machine reaches what it is for: later turns taking over the runs earlier turns of their sessions
     left (derandomized, so that the check is the same every time)."""
     _TAKES.clear()
-    run_state_machine_as_test(ChainMachine, settings=settings(max_examples=30, stateful_step_count=50,
-                                                              deadline=None, derandomize=True))
-    assert sum(_TAKES) >= 20 and sum(1 for n in _TAKES if n) >= 10, _TAKES
+    run_state_machine_as_test(ChainMachine, settings=settings(max_examples=60, stateful_step_count=50,
+                                                              deadline=None, database=None, derandomize=True))
+    # Loose floors: the derandomized draws differ between machines (the twin machine of test_kv_private freed
+    # 32 runs on CI where this machine's draws freed 117); the scripted test below reaches the case for certain.
+    assert sum(_TAKES) >= 5 and sum(1 for n in _TAKES if n) >= 2, _TAKES
+
+
+def test_scripted_turns_take_their_runs_over() -> None:
+    """One session's four turns, each run to its end before the next arrives: every later turn takes over
+    the run its previous turn left, the twins agreeing after every operation."""
+    machine = ChainMachine()
+    machine.setup(48)
+    before = SYS * BS
+    for turn in range(4):
+        prompt = before + 6
+        pair = machine._make(turn, 0, 7, prompt, 5, last=turn == 3, before=before)
+        machine.sessions[7] = (0, prompt + 5, turn == 3)
+        machine._admit(pair, 40)
+        machine.the_same_to_every_reader()
+        while pair[1].request_id in machine.running:
+            if pair[1].num_computed_tokens < pair[1].num_tokens:
+                assert machine._compute(pair, pair[1].num_tokens - pair[1].num_computed_tokens)
+            else:
+                machine._produce(pair)
+            machine.the_same_to_every_reader()
+        before = prompt + 5
+    assert not machine.waiting and machine.takes == 3
