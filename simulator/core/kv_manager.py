@@ -361,10 +361,13 @@ class KVManager:
                     raise AssertionError("allocate: the chain's run changed since the lookup")
         # Hit blocks nobody references sit in the free queue: taking them consumes free capacity too (a run's
         # blocks, taken over, all of them).
+        num_free = self.pool.num_free
+        if num_new + taken > num_free:
+            return None  # short even before the hits are counted (a blocked queue head, step after step)
         evictable_hits = 0
         if new_computed_blocks:  # a run's blocks are never referenced: only the ones before it are read
             evictable_hits = self.pool.num_unreferenced(new_computed_blocks, len(new_computed_blocks) - taken) + taken
-        if num_new + evictable_hits > self.pool.num_free:
+        if num_new + evictable_hits > num_free:
             return None
         to_pop = num_new
         if not blocks:
