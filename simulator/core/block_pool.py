@@ -131,10 +131,10 @@ class BlockPool:
         self._run_offset = 0
         """Blocks already handed out of the run at the head of ``_freed`` (0 when the head is a block)."""
         self._copies: dict[int, list[int]] = {}
+        """Hash -> further blocks holding it, oldest first (vLLM indexes duplicate copies too)."""
         self.copies_made = 0
         """Copies made so far (a hash cached by a block while another holds it): a lookup answered from an
         earlier one checks that none was made since (``holds_prefix``)."""
-        """Hash -> further blocks holding it, oldest first (vLLM indexes duplicate copies too)."""
         self.unhashed_first = unhashed_first
         self._front: list[int] = []
         """With caching and ``unhashed_first``: blocks freed without a hash, the next one handed out last

@@ -9,13 +9,13 @@ from __future__ import annotations
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
     rule,
     run_state_machine_as_test,
 )
+from kv_twins import Pair, TwinKVMachine
 
 from simulator.core.kv_manager import KVManager
 from simulator.core.request import HashTail, Request, RequestSpec, splitmix64
@@ -24,8 +24,6 @@ BS = 4
 SYS = 2
 """Blocks of a session's system prompt (its family's, shared by every session of the family)."""
 
-Pair = tuple[Request, Request]
-"""A request as the chained manager sees it, and as the reference does."""
 
 
 def _session_key(session: int) -> int:
@@ -39,7 +37,7 @@ def _hashes(family: int, session: int, num_full: int) -> tuple[int, ...]:
     return tuple(family * 100 + i if i < SYS else splitmix64(key ^ i) for i in range(num_full))
 
 
-class ChainMachine(RuleBasedStateMachine):
+class ChainMachine(TwinKVMachine):
     """Sessions' turns arrive (a turn may come while the previous one still runs), are admitted with their
     prefix hits, compute, produce, finish, are preempted and re-admitted, or retried as new requests."""
 
@@ -120,62 +118,6 @@ class ChainMachine(RuleBasedStateMachine):
         """A request lost with a replica comes back as a new request object with the same spec."""
         old = self.waiting.pop(data.draw(st.sampled_from(sorted(self.waiting))))
         self._admit((Request(old[0].spec), Request(old[1].spec)), chunk)
-
-    @precondition(lambda self: self.running)
-    @rule(data=st.data(), n=st.integers(1, 12))
-    def step(self, data: st.DataObject, n: int) -> None:
-        pair = self.running[data.draw(st.sampled_from(sorted(self.running)))]
-        ref = pair[1]
-        if ref.num_computed_tokens < ref.num_tokens:
-            self._compute(pair, min(n, ref.num_tokens - ref.num_computed_tokens))
-            return
-        self._produce(pair)
-
-    def _compute(self, pair: Pair, n: int) -> bool:
-        ref = pair[1]
-        if n == 1 and ref.block_table and self.twins[1].pool.num_free:
-            for kv, request in zip(self.twins, pair, strict=True):
-                kv.append_decode_token(request, request.num_computed_tokens, request.num_tokens)
-                request.num_computed_tokens += 1
-            return True
-        fresh = [kv.allocate(r, n) for kv, r in zip(self.twins, pair, strict=True)]
-        assert fresh[0] == fresh[1]
-        if fresh[1] is None:
-            return False
-        for request in pair:
-            request.num_computed_tokens += n
-        return True
-
-    def _produce(self, pair: Pair) -> None:
-        ref = pair[1]
-        for request in pair:
-            request.num_output_tokens += 1
-        if ref.num_output_tokens == ref.max_output_tokens:
-            del self.running[ref.request_id]
-            for kv, request in zip(self.twins, pair, strict=True):
-                kv.free(request)
-
-    @precondition(lambda self: self.running)
-    @rule(data=st.data())
-    def finish(self, data: st.DataObject) -> None:
-        """Run a request to its end while the blocks last (without this rule requests rarely finish)."""
-        pair = self.running[data.draw(st.sampled_from(sorted(self.running)))]
-        while pair[1].request_id in self.running:
-            ref = pair[1]
-            if ref.num_computed_tokens < ref.num_tokens:
-                if not self._compute(pair, ref.num_tokens - ref.num_computed_tokens):
-                    return
-            else:
-                self._produce(pair)
-
-    @precondition(lambda self: self.running)
-    @rule(data=st.data())
-    def preempt(self, data: st.DataObject) -> None:
-        pair = self.running.pop(data.draw(st.sampled_from(sorted(self.running))))
-        for kv, request in zip(self.twins, pair, strict=True):
-            kv.free(request)
-            request.num_computed_tokens = 0
-        self.waiting[pair[1].request_id] = pair
 
     @invariant()
     def the_same_to_every_reader(self) -> None:

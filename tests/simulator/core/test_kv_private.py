@@ -5,13 +5,13 @@ Every lookup, table, hand-out order, eviction count and cached-block count must 
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
     rule,
     run_state_machine_as_test,
 )
+from kv_twins import TwinKVMachine
 
 from simulator.core.block_pool import BlockPool
 from simulator.core.kv_manager import KVManager
@@ -51,7 +51,7 @@ def _plain_walk(kv: KVManager, request: Request) -> list[int]:
     return hits
 
 
-class TwinMachine(RuleBasedStateMachine):
+class TwinMachine(TwinKVMachine):
     """Admit (with prefix hits), compute, produce, finish, preempt and re-admit, retry as a new request."""
 
     @initialize(num_blocks=st.integers(6, 40), prefill_worker=st.booleans())
@@ -120,70 +120,9 @@ class TwinMachine(RuleBasedStateMachine):
         self._admit(self._make(spec.request_id, spec.block_hashes[0] // 100 if spec.block_hashes else 0,
                                spec.prompt_tokens, spec.output_tokens), chunk)
 
-    @precondition(lambda self: self.running)
-    @rule(data=st.data(), n=st.integers(1, 12))
-    def step(self, data: st.DataObject, n: int) -> None:
-        """Compute up to n tokens, or produce one (a decode); the last one finishes the request, at once (as a
-        scheduler does: a request with all its outputs is never preempted)."""
-        pair = self.running[data.draw(st.sampled_from(sorted(self.running)))]
-        ref = pair[1]
-        if ref.num_computed_tokens < ref.num_tokens:
-            n = min(n, ref.num_tokens - ref.num_computed_tokens)
-            self._compute(pair, n)
-            return
-        self._produce(pair)
-
-    def _compute(self, pair: tuple[Request, Request], n: int) -> bool:
-        ref = pair[1]
-        if n == 1 and ref.block_table and self.twins[1].pool.num_free:
-            # A decode token as a decode run appends it (a fresh block when it starts one).
-            for kv, request in zip(self.twins, pair, strict=True):
-                kv.append_decode_token(request, request.num_computed_tokens, request.num_tokens)
-                request.num_computed_tokens += 1
-            return True
-        fresh = [kv.allocate(r, n) for kv, r in zip(self.twins, pair, strict=True)]
-        assert fresh[0] == fresh[1]
-        if fresh[1] is None:
-            return False
-        for request in pair:
-            request.num_computed_tokens += n
-        return True
-
-    def _produce(self, pair: tuple[Request, Request]) -> None:
-        """One output token of a request with all its tokens computed; the last one finishes it, at once (as a
-        scheduler does: a request with all its outputs is never preempted)."""
-        ref = pair[1]
-        for request in pair:
-            request.num_output_tokens += 1
-        if ref.num_output_tokens == ref.max_output_tokens:
-            del self.running[ref.request_id]
-            if ref.num_indexed_blocks > pair[0].mark_from:
-                self.runs_seen[0] += 1
-            for kv, request in zip(self.twins, pair, strict=True):
-                kv.free(request)
-
-    @precondition(lambda self: self.running)
-    @rule(data=st.data())
-    def finish(self, data: st.DataObject) -> None:
-        """Run a request to its end, one decode token at a time, while the blocks last (a finished request
-        frees its marked blocks as a run: without this rule requests rarely finish)."""
-        pair = self.running[data.draw(st.sampled_from(sorted(self.running)))]
-        while pair[1].request_id in self.running:
-            ref = pair[1]
-            if ref.num_computed_tokens < ref.num_tokens:
-                if not self._compute(pair, ref.num_tokens - ref.num_computed_tokens):
-                    return
-            else:
-                self._produce(pair)
-
-    @precondition(lambda self: self.running)
-    @rule(data=st.data())
-    def preempt(self, data: st.DataObject) -> None:
-        pair = self.running.pop(data.draw(st.sampled_from(sorted(self.running))))
-        for kv, request in zip(self.twins, pair, strict=True):
-            kv.free(request)
-            request.num_computed_tokens = 0
-        self.waiting[pair[1].request_id] = pair
+    def _finishing(self, pair: tuple[Request, Request]) -> None:
+        if pair[1].num_indexed_blocks > pair[0].mark_from:
+            self.runs_seen[0] += 1
 
     @invariant()
     def the_same_to_every_reader(self) -> None:
