@@ -164,14 +164,17 @@ class KVManager:
                 request.expose_hashes()
                 hashes = request.block_hashes
             else:
-                # Its private tail is not derived, and no life of it indexes its own blocks here: this cache
-                # cannot hold one of them, so the lookup ends where the values do (at the tail's first
-                # block, a miss, either way).
-                max_blocks = len(hashes)
+                # Its tail is not derived, and no life of it indexes its own blocks here: this cache cannot
+                # hold a private one, so the lookup ends at the first (a miss, either way).
+                max_blocks = min(max_blocks, max(len(hashes), request.private_from))
         self._claim = None
         key = self._chain_key(request)
         if key is not None:
             return self._chained_lookup(request, key, max_blocks)
+        if len(hashes) < max_blocks:
+            # A session's blocks past its chain's first, which its earlier turns may have indexed here.
+            request.expose_hashes()
+            hashes = request.block_hashes
         if request is self._last_looked_up and self.pool.holds_prefix(self._last_hits, hashes, max_blocks,
                                                                       self._last_copies_made):
             # The blocks found last time still hold these hashes, and the walk would stop where it did: an
@@ -248,7 +251,7 @@ class KVManager:
         if chain is not None and chain.run is None:
             # Another turn of the session holds KV here: what it caches is what a walk would find.
             self._open_chain(key)
-            self._walk(hashes, 0, max_blocks, hits)
+            self._walk(self._values(request, max_blocks), 0, max_blocks, hits)
             return hits
         count = self._walk_prefix(hashes, min(start, max_blocks), hits)
         run = None if chain is None else chain.run
@@ -263,13 +266,20 @@ class KVManager:
             return hits
         if start + live > max_blocks:
             self._open_chain(key)  # a walk would stop inside the run: the rest would be copies to find
-            self._walk(hashes, count, max_blocks, hits)
+            self._walk(self._values(request, max_blocks), count, max_blocks, hits)
             return hits
         hits += self.pool.run_blocks(run)
         self._claim = chain
         self._claimer = request
         self._claimed = live
         return hits
+
+    @staticmethod
+    def _values(request: Request, stop: int) -> tuple[Any, ...]:
+        """The request's hashes, as values at least to block ``stop`` (its tail derived if they end before)."""
+        if len(request.block_hashes) < stop:
+            request.expose_hashes()
+        return request.block_hashes
 
     def _open_chain(self, key: Any) -> None:
         """Index a chain's blocks after all, as they would have been indexed when cached: a holder's marked
@@ -300,8 +310,11 @@ class KVManager:
                         if chain.run is None or pool.run_live(chain.run)}
         self._swept_at = max(64, 2 * len(self._chains))
 
-    def prefix_match_blocks(self, block_hashes: Sequence[int]) -> int:
-        """How many leading blocks of this hash chain the cache holds now (for prefix-aware routing)."""
+    def prefix_match_blocks(self, block_hashes: Sequence[int], num_blocks: int | None = None) -> int:
+        """How many leading blocks of this hash chain the cache holds now (for prefix-aware routing).
+        ``num_blocks``: the chain's length when ``block_hashes`` are only its first values (a spec's
+        ``known_hashes``; ``num_lookup_blocks``): a session's chained blocks count to there, and a walk that
+        uses up the values answers their length (the caller derives the rest and asks again)."""
         if not self.enable_caching:
             return 0
         cached: dict[Any, Any] = self.pool.cached
@@ -320,7 +333,8 @@ class KVManager:
                 run = chain.run
                 live = chain.holder.num_indexed_blocks - i if run is None else self.pool.run_live(run)
                 if live > 0:
-                    i += min(live, count - i)
+                    end: i64 = count if num_blocks is None else num_blocks
+                    i += min(live, end - i)
         return i
 
     def num_blocks_needed(self, request: Request, num_new_tokens: int, num_hit_blocks: int = 0,
@@ -372,8 +386,8 @@ class KVManager:
         to_pop = num_new
         if not blocks:
             mark = request.mark_from = self._mark_from(request, claim if taken else None)
-            if mark >= NOT_PRIVATE:
-                request.expose_hashes()  # every block it fills is indexed: with its hash as a value
+            if len(request.block_hashes) < min(mark, request.num_hashed_blocks):
+                request.expose_hashes()  # every block it fills before the mark is indexed: with its hash
             if num_new and not new_computed_blocks:
                 # The request starts holding KV: the pool's new list becomes its table (no copy).
                 blocks = request.block_table = self.pool.get_new_blocks(num_new)

@@ -11,6 +11,7 @@ both run it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
 
@@ -65,12 +66,15 @@ class RequestSpec:
     ``object.__setattr__`` in interpreted Python even in the compiled build, and a workload builds one per
     request.
 
-    Private tails. A request's blocks from ``private_from`` on hold hashes no other request carries, and
+    Hash tails. A request's blocks from ``private_from`` on hold hashes no other request carries, and
     most requests finish without anything reading them: nothing can look them up (``KVManager`` marks
-    those blocks instead of indexing them). A workload may therefore give them as a ``HashTail`` — a rule
-    that derives them — instead of values: ``block_hashes`` derives them on first use (and keeps them),
-    ``known_hashes`` are the values held so far (the tail's, once derived). A spec with a tail equals the
-    same spec with the values."""
+    those blocks instead of indexing them). A session's blocks past its chain's first (``chain_from``) are
+    handed from turn to turn without the index, and are read only where a chain is indexed after all. A
+    workload may therefore give either as a ``HashTail`` — a rule that derives them — instead of values:
+    ``block_hashes`` derives them on first use (and keeps them), ``known_hashes`` are the values held so
+    far (the tail's, once derived). A tail's blocks before ``private_from`` may be cached by other requests
+    (a session's earlier turns); those from ``private_from`` on by none before this request's own values
+    are derived (``num_lookup_blocks``). A spec with a tail equals the same spec with the values."""
 
     __slots__ = ("_hashes", "_tail", "arrival_s", "chain_from", "output_tokens", "priority", "private_from",
                  "prompt_tokens", "request_id", "session_id")
@@ -111,10 +115,11 @@ class RequestSpec:
         self.priority = priority
         self.private_from = private_from
         self.chain_from = chain_from
-        if hash_tail is not None and (private_from is None or hash_tail.start != len(block_hashes)
-                                      or hash_tail.start < private_from):
+        if hash_tail is not None and (hash_tail.start != len(block_hashes) or not (
+                (private_from is not None and hash_tail.start >= private_from)
+                or (chain_from is not None and hash_tail.start > chain_from))):
             raise ValueError(f"request {request_id}: a hash tail starts after the hashes given, at or past "
-                             f"private_from")
+                             f"private_from or past chain_from")
         self._tail = hash_tail if hash_tail is not None and hash_tail.stop > hash_tail.start else None
 
     @property
@@ -140,6 +145,16 @@ class RequestSpec:
         """``len(block_hashes)``, deriving nothing."""
         tail = self._tail
         return len(self._hashes) if tail is None else tail.stop
+
+    @property
+    def num_lookup_blocks(self) -> int:
+        """Leading blocks whose hashes some cache may hold now: every hashed block, or, with a tail not yet
+        derived, those before ``private_from`` (no cache can hold a private hash nobody has derived)."""
+        tail = self._tail
+        if tail is None:
+            return len(self._hashes)
+        private = self.private_from
+        return tail.stop if private is None else min(tail.stop, max(private, len(self._hashes)))
 
     def with_hashes(self, block_hashes: tuple[int, ...]) -> RequestSpec:
         """This spec with other block hashes (values, no tail)."""
@@ -281,32 +296,35 @@ class Request:
 def specs_from_columns(first_id: int, arrival_s: list[float], prompt_tokens: list[int], output_tokens: list[int],
                        session_id: list[int], block_hashes: list[tuple[int, ...]],
                        private_from: list[int] | None = None, tail_key: list[int] | None = None,
-                       tail_stop: list[int] | None = None, chain_from: list[int] | None = None) -> list[RequestSpec]:
+                       tail_stop: list[int] | None = None, chain_from: list[int] | None = None,
+                       tail_rule: Callable[[int, int, int], HashTail] = HashTail) -> list[RequestSpec]:
     """The specs of consecutive requests ``first_id``, ``first_id + 1``, ... from a workload's columns (a
     negative session id, ``private_from`` or ``chain_from`` is none; ``private_from`` None: none for all).
-    With ``tail_key`` and ``tail_stop``, a request's hashes from ``private_from`` (where its ``block_hashes``
-    end) to ``tail_stop`` are the private tail with that key. One compiled loop: a workload builds a spec per
-    request."""
+    With ``tail_key`` and ``tail_stop``, a request's hashes from where its ``block_hashes`` end (at
+    ``private_from``, or past ``chain_from``) to ``tail_stop`` are the tail ``tail_rule(key, start, stop)``
+    (a ``HashTail``, or a subclass that derives the same values faster). One compiled loop: a workload
+    builds a spec per request."""
     n = len(arrival_s)
     if not len(prompt_tokens) == len(output_tokens) == len(session_id) == len(block_hashes) == n:
         raise ValueError("spec columns must have equal lengths")
     if (private_from is not None and len(private_from) != n) or (chain_from is not None and len(chain_from) != n):
         raise ValueError("spec columns must have equal lengths")
-    tails = tail_key is not None and tail_stop is not None and private_from is not None
+    tails = tail_key is not None and tail_stop is not None
     if tails and not (tail_key is not None and len(tail_key) == n and tail_stop is not None and len(tail_stop) == n):
         raise ValueError("spec columns must have equal lengths")
     specs: list[RequestSpec] = []
     for i in range(n):
         session = session_id[i]
         private = -1 if private_from is None else private_from[i]
+        hashes = block_hashes[i]
         tail: HashTail | None = None
-        if tails and private >= 0:
+        if tails:
             assert tail_key is not None and tail_stop is not None
             stop = tail_stop[i]
-            if stop > private:
-                tail = HashTail(tail_key[i], private, stop)
+            if stop > len(hashes):
+                tail = tail_rule(tail_key[i], len(hashes), stop)
         chain = -1 if chain_from is None else chain_from[i]
-        specs.append(RequestSpec(first_id + i, arrival_s[i], prompt_tokens[i], output_tokens[i], block_hashes[i],
+        specs.append(RequestSpec(first_id + i, arrival_s[i], prompt_tokens[i], output_tokens[i], hashes,
                                  session if session >= 0 else None, 0, private if private >= 0 else None, tail,
                                  chain if chain >= 0 else None))
     return specs

@@ -97,7 +97,8 @@ def replay(env: simpy.Environment, log: RequestLog, replicas: list[Replica], wor
         replica.series.kv_probe = _kv_probe(replica)
     if prepare is not None:
         prepare(name, replicas)
-    specs = workload.iter_specs(block_hashes=block_hashes)
+    lazy = block_hashes and _lazy_chains(replicas, dispatch)
+    specs = workload.iter_specs(block_hashes=block_hashes, lazy_chains=lazy)
 
     def report(arrived: int) -> None:
         if progress is not None:
@@ -120,6 +121,21 @@ def replay(env: simpy.Environment, log: RequestLog, replicas: list[Replica], wor
     if inspect is not None:
         inspect(name, replicas)
     return FleetRun(log, replicas, end_s)
+
+
+LAZY_CHAINS = True
+"""Whether specs may hold a session turn's chained hashes as a tail (``_lazy_chains``); off, every hash is a
+value from the start (the same results: a test compares both)."""
+
+
+def _lazy_chains(replicas: list[Replica], dispatch: DispatchFn | None) -> bool:
+    """Whether the specs hold a session turn's hashes past its chain's first block as a tail, derived where
+    read (``Workload.iter_specs``): where every replica's KV manager hands chains from turn to turn and
+    reads no hash it does not look up (no listener such as the KV tiers; routed, not dispatched to roles),
+    most turns never read them. Elsewhere every turn would derive them at once."""
+    if not LAZY_CHAINS or dispatch is not None:
+        return False
+    return all(replica.scheduler.kv.chains_on and not replica.scheduler.kv.reads_every_hash for replica in replicas)
 
 
 def _kv_probe(replica: Replica) -> Callable[[], tuple[int, int]]:

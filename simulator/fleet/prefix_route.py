@@ -23,7 +23,7 @@ class PrefixView(Protocol):
     @property
     def load(self) -> int: ...
 
-    def prefix_match_blocks(self, block_hashes: Sequence[int]) -> float: ...
+    def prefix_match_blocks(self, block_hashes: Sequence[int], num_blocks: int | None = None) -> float: ...
 
 
 class PrefixAwareRoute:
@@ -44,14 +44,13 @@ class PrefixAwareRoute:
         """Each replica's score for this request, in the order of the views."""
         views = self._views
         num_blocks = spec.num_hashed_blocks
-        hashes = spec.known_hashes  # the values held: no cache holds a private tail's not yet derived
         loads = [view.load for view in views]
         max_load = max(loads)
         prefix_weight = self._prefix_weight
         load_weight = self._load_weight
         result: list[float] = []
         for i, view in enumerate(views):
-            hit = view.prefix_match_blocks(hashes) / num_blocks if num_blocks else 0.0
+            hit = _match(view, spec) / num_blocks if num_blocks else 0.0
             norm_load = loads[i] / max_load if max_load > 0 else 0.0
             result.append(prefix_weight * hit - load_weight * norm_load)
         return result
@@ -65,13 +64,12 @@ class PrefixAwareRoute:
         as the load rises: the first replica behind ends the search, and the pick is the same."""
         views = self._views
         num_blocks = spec.num_hashed_blocks
-        hashes = spec.known_hashes  # the values held: no cache holds a private tail's not yet derived
         loads = [view.load for view in views]
         max_load = max(loads)
         prefix_weight = self._prefix_weight
         load_weight = self._load_weight
-        # The most a replica's hit term can be: every known hash cached (a walk never matches more).
-        top_hit = len(hashes) / num_blocks if num_blocks else 0.0
+        # The most a replica's hit term can be: every block a cache may hold cached (a walk never matches more).
+        top_hit = spec.num_lookup_blocks / num_blocks if num_blocks else 0.0
         order = sorted(range(len(views)), key=loads.__getitem__)
         best = -1
         best_score = 0.0
@@ -83,7 +81,7 @@ class PrefixAwareRoute:
             if best >= 0 and prefix_weight * top_hit - load_weight * norm_load < best_score:
                 break  # even a full hit stays behind the best, and so does every later (busier) one
             view = views[i]
-            hit = view.prefix_match_blocks(hashes) / num_blocks if num_blocks else 0.0
+            hit = _match(view, spec) / num_blocks if num_blocks else 0.0
             score = prefix_weight * hit - load_weight * norm_load
             rid = view.replica_id
             if (best < 0 or score > best_score
@@ -93,3 +91,15 @@ class PrefixAwareRoute:
                 best_load = load
                 best_id = rid
         return best
+
+
+def _match(view: PrefixView, spec: RequestSpec) -> float:
+    """The view's cached length of the request's blocks, read with the hash values the spec holds: those of
+    a tail not yet derived are needed only where the walk uses up the values (a session whose chain was
+    indexed after all): derived then, and asked again."""
+    hashes = spec.known_hashes
+    lookup = spec.num_lookup_blocks
+    hit = view.prefix_match_blocks(hashes, lookup)
+    if hit == len(hashes) < lookup:
+        hit = view.prefix_match_blocks(spec.block_hashes, lookup)
+    return hit

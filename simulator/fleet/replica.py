@@ -139,9 +139,9 @@ class Replica:
         pool = self.scheduler.kv.pool
         return pool.num_used / pool.num_blocks
 
-    def prefix_match_blocks(self, block_hashes: Sequence[int]) -> float:
+    def prefix_match_blocks(self, block_hashes: Sequence[int], num_blocks: int | None = None) -> float:
         self.sync()
-        n = self.scheduler.kv.prefix_match_blocks(block_hashes)
+        n = self.scheduler.kv.prefix_match_blocks(block_hashes, num_blocks)
         tiers = self.scheduler.tiers
         return n if tiers is None else n + tiers.prefix_match_blocks(block_hashes, n)
 

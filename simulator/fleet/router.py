@@ -82,9 +82,10 @@ class ReplicaView(Protocol):
         """The replica's speed relative to the fleet's fastest (1.0): its GPU and model shard, not its load."""
         ...
 
-    def prefix_match_blocks(self, block_hashes: Sequence[int]) -> float:
+    def prefix_match_blocks(self, block_hashes: Sequence[int], num_blocks: int | None = None) -> float:
         """How many leading blocks of this hash chain are in the replica's prefix cache (blocks in its KV
-        tiers count at their tier's ``router_weight``)."""
+        tiers count at their tier's ``router_weight``); ``num_blocks``: the chain's length when the hashes
+        are only its first values (``KVManager.prefix_match_blocks``)."""
         ...
 
 
@@ -416,8 +417,8 @@ class ReplicaSnapshot:
     def load(self) -> int:
         return self.num_running + self.num_waiting
 
-    def prefix_match_blocks(self, block_hashes: Sequence[int]) -> float:
-        return self._live.prefix_match_blocks(block_hashes)
+    def prefix_match_blocks(self, block_hashes: Sequence[int], num_blocks: int | None = None) -> float:
+        return self._live.prefix_match_blocks(block_hashes, num_blocks)
 
     def __repr__(self) -> str:
         return (

@@ -32,7 +32,7 @@ class BlockTag(IntEnum):
     MOONCAKE = 4
 
 
-def _mix_into(z: np.ndarray) -> np.ndarray:
+def mix_into(z: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser, in place: a bijection on uint64 that spreads each input bit over the output.
 
     In place because it runs once per block in ``chain_hashes``; uint64 arrays wrap modulo 2**64 silently.
@@ -47,8 +47,8 @@ def _mix_into(z: np.ndarray) -> np.ndarray:
 
 
 def _mix(values: np.ndarray | int) -> np.ndarray:
-    """``_mix_into`` on a copy."""
-    return _mix_into(np.array(values, dtype=np.uint64))
+    """``mix_into`` on a copy."""
+    return mix_into(np.array(values, dtype=np.uint64))
 
 
 def _namespace_key(seed: int, tag: BlockTag) -> np.uint64:
@@ -76,7 +76,7 @@ def chain_hashes(keys: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         index = starts[:active] + position
         current = parents[:active]  # a view: the chains advance in place
         current ^= keys[index]
-        _mix_into(current)
+        mix_into(current)
         hashes[index] = current
     return hashes
 
@@ -142,17 +142,19 @@ class BlockKeys(Protocol):
         """The ``prefix_blocks`` hashes of each of these system prompts, back to back."""
         ...
 
-    def value_counts(self, start: int, stop: int) -> np.ndarray:
-        """How many hashes of each request are values: all of ``hashes``', or ``split_hashes``' up to its tail."""
+    def value_counts(self, start: int, stop: int, lazy_chains: bool = False) -> np.ndarray:
+        """How many hashes of each request are values: all of ``hashes``', or ``split_hashes``' up to its tail;
+        ``lazy_chains``: a session's turn's values end past its chain's first block, the rest is its tail."""
         ...
 
-    def values_from(self, start: int, stop: int, first: np.ndarray) -> np.ndarray:
+    def values_from(self, start: int, stop: int, first: np.ndarray, lazy_chains: bool = False) -> np.ndarray:
         """The value hashes of each request from its block ``first[i]`` on (to ``value_counts``), back to back:
         what a request still needs when its first hashes are another's (``workload.shared_hashes``)."""
         ...
 
-    def tails(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """``split_hashes``' ``tail_key`` and ``tail_stop`` without its values; None where it is None."""
+    def tails(self, start: int, stop: int, lazy_chains: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
+        """``split_hashes``' ``tail_key`` and ``tail_stop`` without its values (``value_counts``' tails with
+        ``lazy_chains``); None where there are none."""
         ...
 
     def split_hashes(self, start: int, stop: int) -> SplitHashes | None:
@@ -220,35 +222,47 @@ class SyntheticBlockKeys:
         """Block j < prefix_blocks of prompt p is keyed by (p, j) and the prompt's tag, as ``_keys`` keys it."""
         position = np.tile(np.arange(self._prefix_blocks, dtype=np.uint64), len(prompts))
         owner = np.repeat(np.asarray(prompts, dtype=np.uint64), self._prefix_blocks)
-        return _mix_into(((owner << np.uint64(32)) | position) ^ np.uint64(self._prefix_tag))
+        return mix_into(((owner << np.uint64(32)) | position) ^ np.uint64(self._prefix_tag))
 
-    def value_counts(self, start: int, stop: int) -> np.ndarray:
+    def value_counts(self, start: int, stop: int, lazy_chains: bool = False) -> np.ndarray:
         num_blocks = self._hashed_tokens[start:stop] // self._block_size
-        tailed = self._tailed(start, stop, num_blocks)
+        tailed = self._tailed(start, stop, num_blocks, lazy_chains)
         return num_blocks if tailed is None else np.where(tailed[1], tailed[0], num_blocks)
 
-    def values_from(self, start: int, stop: int, first: np.ndarray) -> np.ndarray:
-        return self._keys(start, stop, self.value_counts(start, stop), first)[0]
+    def values_from(self, start: int, stop: int, first: np.ndarray, lazy_chains: bool = False) -> np.ndarray:
+        return self._keys(start, stop, self.value_counts(start, stop, lazy_chains), first)[0]
 
-    def tails(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray] | None:
+    def tails(self, start: int, stop: int, lazy_chains: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
+        """A tail's block j hashes as ``splitmix64(((stream << 32) | j) ^ tag)``: a private block's key names
+        its own stream and position, and so does a session's block past its system prompt."""
         num_blocks = self._hashed_tokens[start:stop] // self._block_size
-        tailed = self._tailed(start, stop, num_blocks)
+        tailed = self._tailed(start, stop, num_blocks, lazy_chains)
         if tailed is None:
             return None
         stream = self._stream_id[start:stop].astype(np.uint64) << np.uint64(32)
         return (np.where(tailed[1], stream ^ self._stream_tag, np.uint64(0)),
                 np.where(tailed[1], num_blocks, -1))
 
-    def _tailed(self, start: int, stop: int, num_blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """(``private_from``, whether each request has a private tail: its own blocks from there on), or None
-        without private blocks."""
+    def _tailed(self, start: int, stop: int, num_blocks: np.ndarray,
+                lazy_chains: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
+        """(where each request's tail starts, whether it has one), or None without tails. A tail is a request's
+        private blocks (its own from ``private_from`` on) and, with ``lazy_chains``, a session's turn's blocks
+        past its chain's first (``RequestSpec.chain_from``: past the system prompt), which only a chain
+        indexed after all reads."""
         private = self.private_from(start, stop)
-        if private is None:
+        chained = lazy_chains and self._sessions
+        if private is None and not chained:
             return None
-        floor = np.zeros(len(private), dtype=np.int64)
+        floor = np.zeros(stop - start, dtype=np.int64)
         if self._prefix_id is not None:
             floor = np.where(self._prefix_id[start:stop] >= 0, self._prefix_blocks, 0)
-        return private, (private >= floor) & (private < num_blocks)
+        if private is None:
+            tail_from = num_blocks
+        else:
+            tail_from = np.where((private >= floor) & (private < num_blocks), private, num_blocks)
+        if chained:
+            tail_from = np.minimum(tail_from, floor + 1)
+        return tail_from, tail_from < num_blocks
 
     def _keys(self, start: int, stop: int, num_blocks: np.ndarray,
               first: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -267,7 +281,7 @@ class SyntheticBlockKeys:
             tag[shared] = self._prefix_tag
         # (owner, position) packed in one word: both stay far below 2**32 (ids count requests or sessions).
         packed = (owner.astype(np.uint64) << np.uint64(32)) | position.astype(np.uint64)
-        return _mix_into(packed ^ tag), offsets
+        return mix_into(packed ^ tag), offsets
 
     def hashes(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """The keys themselves: a key names its stream (or system prompt) and position, and a stream's
@@ -287,10 +301,10 @@ class SyntheticBlockKeys:
         num_blocks = self._hashed_tokens[start:stop] // self._block_size
         split = self._tailed(start, stop, num_blocks)
         tails = self.tails(start, stop)
-        if split is None or tails is None:
+        private = self.private_from(start, stop)
+        if split is None or tails is None or private is None:
             return None
-        private, tailed = split
-        values, offsets = self._keys(start, stop, np.where(tailed, private, num_blocks))
+        values, offsets = self._keys(start, stop, split[0])
         return SplitHashes(values=values, offsets=offsets, private_from=private, tail_key=tails[0],
                            tail_stop=tails[1])
 
@@ -335,16 +349,16 @@ class MooncakeBlockKeys:
         """None to give: ``prefix_blocks`` is 0."""
         return np.zeros(0, dtype=np.uint64)
 
-    def value_counts(self, start: int, stop: int) -> np.ndarray:
+    def value_counts(self, start: int, stop: int, lazy_chains: bool = False) -> np.ndarray:
         return np.diff(self.keys(start, stop)[1])
 
-    def values_from(self, start: int, stop: int, first: np.ndarray) -> np.ndarray:
+    def values_from(self, start: int, stop: int, first: np.ndarray, lazy_chains: bool = False) -> np.ndarray:
         """The chained hashes, every one derived (a chain cannot start in its middle), then cut."""
         values, offsets = self.hashes(start, stop)
         _, row, position = block_positions(np.diff(offsets))
         return values[position >= first[row]]
 
-    def tails(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray] | None:
+    def tails(self, start: int, stop: int, lazy_chains: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
         return None
 
     def split_hashes(self, start: int, stop: int) -> SplitHashes | None:
@@ -364,13 +378,13 @@ class MooncakeBlockKeys:
             per_id = MOONCAKE_BLOCK_TOKENS // self._block_size
             offsets, row, position = block_positions(np.minimum(full_blocks, num_ids * per_id))
             trace_id = self._ids[first_id[row] + position // per_id]
-            keys = _mix_into(trace_id ^ self._tag)
+            keys = mix_into(trace_id ^ self._tag)
             keys += (position % per_id).astype(np.uint64)
-            return _mix_into(keys), offsets
+            return mix_into(keys), offsets
         ids_per_block = self._block_size // MOONCAKE_BLOCK_TOKENS
         offsets, row, position = block_positions(np.minimum(full_blocks, num_ids // ids_per_block))
         keys = np.full(len(row), self._tag, dtype=np.uint64)
         for sub in range(ids_per_block):
             keys ^= self._ids[first_id[row] + position * ids_per_block + sub]
-            _mix_into(keys)
+            mix_into(keys)
         return keys, offsets

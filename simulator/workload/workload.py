@@ -11,7 +11,7 @@ import numpy as np
 
 from simulator.core.request import RequestSpec, specs_from_columns
 from simulator.workload.block_keys import BlockKeys
-from simulator.workload.shared_hashes import SharedHashes
+from simulator.workload.shared_hashes import SharedHashes, StreamTail
 
 _ITER_CHUNK = 4096
 """At most this many requests have their specs built together while iterating (numpy calls amortised)."""
@@ -70,15 +70,17 @@ class Workload:
         """RequestSpecs in arrival order, built chunk by chunk so memory stays flat."""
         return self.iter_specs()
 
-    def iter_specs(self, *, block_hashes: bool = True) -> Iterator[RequestSpec]:
+    def iter_specs(self, *, block_hashes: bool = True, lazy_chains: bool = False) -> Iterator[RequestSpec]:
         """RequestSpecs in arrival order; ``block_hashes=False`` leaves their hashes empty, for a fleet
         in which nothing reads them (no replica caches prefixes): deriving them is most of the cost of
-        building a spec."""
+        building a spec. ``lazy_chains``: a session's turn holds its hashes as values only to its chain's
+        first block (``RequestSpec.chain_from``), the rest as a tail derived on first use (``RequestSpec``),
+        for a fleet whose KV managers hand chains from turn to turn (most turns never read the rest)."""
         keys = self._block_keys
         # Hashes that requests share (a session's earlier turns, a system prompt) as the same int objects.
         shared = (SharedHashes() if block_hashes and keys is not None
                   and (keys.repeats_session_prefix or keys.prefix_blocks) else None)
-        chunks = (self._chunk(start, stop, block_hashes=block_hashes, shared=shared)
+        chunks = (self._chunk(start, stop, block_hashes=block_hashes, shared=shared, lazy_chains=lazy_chains)
                   for start, stop in itertools.pairwise(self._chunk_bounds(block_hashes)))
         return itertools.chain.from_iterable(chunks)  # the next spec is a C-level step, not a generator's
 
@@ -143,7 +145,7 @@ class Workload:
         return _tuples(*self._block_keys.hashes(start, stop))
 
     def _chunk(self, start: int, stop: int, *, block_hashes: bool = True,
-               shared: SharedHashes | None = None) -> list[RequestSpec]:
+               shared: SharedHashes | None = None, lazy_chains: bool = False) -> list[RequestSpec]:
         """Specs of requests [start, stop); ``shared``: the hashes earlier chunks made that these share."""
         columns = (
             start,
@@ -156,7 +158,7 @@ class Workload:
         if keys is None:
             return specs_from_columns(*columns, [()] * (stop - start))
         if shared is not None:
-            return self._shared_chunk(shared, keys, start, stop, columns)
+            return self._shared_chunk(shared, keys, start, stop, columns, lazy_chains)
         split = keys.split_hashes(start, stop)
         chain = _chain_from(keys, start, stop)
         if split is None:
@@ -165,25 +167,29 @@ class Workload:
                                       None if private is None else private.tolist(), chain_from=chain)
         # Private blocks as tails (derived only if something reads them: most requests finish first).
         return specs_from_columns(*columns, _tuples(split.values, split.offsets), split.private_from.tolist(),
-                                  split.tail_key.tolist(), split.tail_stop.tolist(), chain)
+                                  split.tail_key.tolist(), split.tail_stop.tolist(), chain, tail_rule=StreamTail)
 
     @staticmethod
     def _shared_chunk(shared: SharedHashes, keys: BlockKeys, start: int, stop: int,
-                      columns: tuple[int, list[float], list[int], list[int], list[int]]) -> list[RequestSpec]:
+                      columns: tuple[int, list[float], list[int], list[int], list[int]],
+                      lazy_chains: bool) -> list[RequestSpec]:
         """``_chunk`` deriving only the hashes no earlier request made (``SharedHashes``): a session's last
         turn is the one whose own blocks are private (the generator marks only those)."""
         private = keys.private_from(start, stop)
         last = [False] * (stop - start) if private is None else (private >= 0).tolist()
-        tuples = shared.tuples(keys.value_counts(start, stop), lambda first: keys.values_from(start, stop, first),
+        chain = _chain_from(keys, start, stop)
+        lazy_chains = lazy_chains and chain is not None  # a tail past a chain's first block needs the chain
+        tuples = shared.tuples(keys.value_counts(start, stop, lazy_chains),
+                               lambda first: keys.values_from(start, stop, first, lazy_chains),
                                session_id=columns[4] if keys.repeats_session_prefix else None, last=last,
                                prefix_id=keys.prefix_ids(start, stop), prefix_blocks=keys.prefix_blocks,
                                prefix_values=keys.prefix_values)
-        tails = keys.tails(start, stop)
-        chain = _chain_from(keys, start, stop)
-        if private is None or tails is None:
-            return specs_from_columns(*columns, tuples, None if private is None else private.tolist(),
-                                      chain_from=chain)
-        return specs_from_columns(*columns, tuples, private.tolist(), tails[0].tolist(), tails[1].tolist(), chain)
+        tails = keys.tails(start, stop, lazy_chains)
+        private_list = None if private is None else private.tolist()
+        if tails is None:
+            return specs_from_columns(*columns, tuples, private_list, chain_from=chain)
+        return specs_from_columns(*columns, tuples, private_list, tails[0].tolist(), tails[1].tolist(), chain,
+                                  tail_rule=StreamTail)
 
 
 def _chain_from(keys: BlockKeys, start: int, stop: int) -> list[int] | None:

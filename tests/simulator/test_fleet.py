@@ -288,7 +288,8 @@ def test_a_fleet_without_prefix_caching_gives_the_same_run_without_block_hashes(
     overrides = [*SESSIONS, "router.policy=prefix_aware", "engine.prefix_caching=false"]
     skipped = run(load_mapping(BASE, overrides)).variants["base"]
     iter_specs = Workload.iter_specs
-    monkeypatch.setattr(Workload, "iter_specs", lambda self, block_hashes=True: iter_specs(self, block_hashes=True))
+    monkeypatch.setattr(Workload, "iter_specs", lambda self, block_hashes=True, lazy_chains=False:
+                        iter_specs(self, block_hashes=True, lazy_chains=lazy_chains))
     hashed = run(load_mapping(BASE, overrides)).variants["base"]
     assert skipped.summary.to_dict() == hashed.summary.to_dict()
     assert np.array_equal(skipped.requests.replica, hashed.requests.replica)

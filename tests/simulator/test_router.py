@@ -49,7 +49,7 @@ class FakeReplica:
     def load(self) -> int:
         return self.num_running + self.num_waiting
 
-    def prefix_match_blocks(self, block_hashes: Sequence[int]) -> int:
+    def prefix_match_blocks(self, block_hashes: Sequence[int], num_blocks: int | None = None) -> int:
         matched = 0
         for h in block_hashes:
             if h not in self.cached:
@@ -535,9 +535,9 @@ class CountingReplica(FakeReplica):
 
     walks: int = 0
 
-    def prefix_match_blocks(self, block_hashes: Sequence[int]) -> int:
+    def prefix_match_blocks(self, block_hashes: Sequence[int], num_blocks: int | None = None) -> int:
         self.walks += 1
-        return super().prefix_match_blocks(block_hashes)
+        return super().prefix_match_blocks(block_hashes, num_blocks)
 
 
 def _reference_pick(views: Sequence[FakeReplica], blocks: tuple[int, ...], prefix_weight: float,

@@ -7,16 +7,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from simulator.core.request import HashTail, Request, RequestSpec, splitmix64
-from simulator.workload.block_keys import _mix_into
+from simulator.workload.block_keys import mix_into
 from simulator.workload.config import WorkloadConfig
 from simulator.workload.generate import generate
+from simulator.workload.shared_hashes import StreamTail
 
 U64 = st.integers(0, (1 << 64) - 1)
 
 
 @given(st.lists(U64, min_size=1, max_size=50))
 def test_splitmix64_is_the_workloads_numpy_mix_bit_for_bit(values: list[int]) -> None:
-    mixed = _mix_into(np.array(values, dtype=np.uint64)).tolist()
+    mixed = mix_into(np.array(values, dtype=np.uint64)).tolist()
     assert [splitmix64(v) for v in values] == mixed
 
 
@@ -82,3 +83,20 @@ def test_workload_specs_carry_tails_that_derive_the_eager_hashes(shape: str) -> 
         if spec.request_id in known:
             assert spec.private_from == known[spec.request_id]
         assert spec.block_hashes == workload.block_hashes(spec.request_id)
+
+
+@given(key=st.integers(0, (1 << 31) - 1).map(lambda k: k << 32), start=st.integers(0, 40), size=st.integers(0, 60))
+def test_a_stream_tail_derives_the_hash_tails_values_bit_for_bit(key: int, start: int, size: int) -> None:
+    assert StreamTail(key, start, start + size).values() == HashTail(key, start, start + size).values()
+
+
+def test_a_tail_past_a_chains_first_block_is_accepted_and_may_be_cached_up_to_private_from() -> None:
+    key = 9 << 32
+    values = (1, 2, 3, *tuple(splitmix64(key ^ j) for j in range(3, 8)))
+    turn = RequestSpec(0, 0.0, 128, 8, (1, 2, 3), chain_from=2, hash_tail=HashTail(key, 3, 8))
+    assert turn.num_lookup_blocks == 8, "a session's chained blocks may be cached by its earlier turns"
+    last = RequestSpec(1, 0.0, 128, 8, (1, 2, 3), chain_from=2, private_from=6, hash_tail=HashTail(key, 3, 8))
+    assert last.num_lookup_blocks == 6, "no cache holds a private hash nobody derived"
+    assert turn.block_hashes == last.block_hashes == values and last.num_lookup_blocks == 8
+    with pytest.raises(ValueError, match="tail"):
+        RequestSpec(2, 0.0, 128, 8, (1, 2), chain_from=2, hash_tail=HashTail(key, 2, 8))  # at the chain's first
