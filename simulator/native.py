@@ -29,6 +29,7 @@ from types import ModuleType
 
 MODULES = (
     "simulator.core.config",
+    "simulator.core.mix",
     "simulator.core.request",
     "simulator.core.step",
     "simulator.core.block_pool",

@@ -13,30 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from simulator.core.block_pool import NOT_PRIVATE
+from simulator.core.mix import splitmix64
 
 if TYPE_CHECKING:
     from mypy_extensions import i64  # compiled, a machine integer; plain int in Python
-
-
-MASK64: Final = (1 << 64) - 1
-SPLITMIX_GOLDEN: Final = 0x9E3779B97F4A7C15
-SPLITMIX_MUL1: Final = 0xBF58476D1CE4E5B9
-SPLITMIX_MUL2: Final = 0x94D049BB133111EB
-"""splitmix64's finaliser constants: the workload's block keys (numpy, ``workload.block_keys``) and a
-private tail's hashes (``HashTail``, here) are one function, bit for bit."""
-
-
-def splitmix64(z: int) -> int:
-    """splitmix64's finaliser on an unsigned 64-bit value: a bijection that spreads each bit over all."""
-    z = (z + SPLITMIX_GOLDEN) & MASK64
-    z ^= z >> 30
-    z = (z * SPLITMIX_MUL1) & MASK64
-    z ^= z >> 27
-    z = (z * SPLITMIX_MUL2) & MASK64
-    return z ^ (z >> 31)
 
 
 class HashTail:

@@ -26,9 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from simulator.core.mix import splitmix64
 from simulator.core.step import StepPlan
 
-_MASK: Final = (1 << 64) - 1
 _UNIT: Final = 1.0 / (1 << 53)
 
 
@@ -73,7 +73,7 @@ class Speculation:
         """Proposals accepted of ``num_drafts`` scheduled for the request when it had ``num_output_tokens``
         outputs: leading positions accepted, each with its rate, until the first rejection."""
         rates = self.acceptance_rates
-        base = _mix(_mix(self.seed * 0x9E3779B97F4A7C15 + request_id) + num_output_tokens)
+        base = splitmix64(splitmix64(self.seed * 0x9E3779B97F4A7C15 + request_id) + num_output_tokens)
         for position in range(num_drafts):
             if _uniform(base + position) >= rates[position]:
                 return position
@@ -90,17 +90,9 @@ class Speculation:
                 for i in range(len(rows))]
 
 
-def _mix(value: int) -> int:
-    """splitmix64's finaliser: a well-mixed 64-bit integer of any integer."""
-    z = (value + 0x9E3779B97F4A7C15) & _MASK
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-    return z ^ (z >> 31)
-
-
 def _uniform(value: int) -> float:
     """A uniform draw in [0, 1) from an integer key."""
-    return (_mix(value) >> 11) * _UNIT
+    return (splitmix64(value) >> 11) * _UNIT
 
 
 def expected_tokens(rate: float, k: int) -> float:

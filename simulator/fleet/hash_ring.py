@@ -14,19 +14,15 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Final
 
+from simulator.core.mix import splitmix64
 from simulator.core.request import RequestSpec
 from simulator.fleet.loads import LoadLevels, least_loaded_index
 
-_MASK64: Final = (1 << 64) - 1
-
 
 def stable_hash64(x: int) -> int:
-    """SplitMix64's finaliser: a fixed 64-bit mix of an integer, identical in every process (unlike
-    ``hash()``), and cheap enough to run per request."""
-    z = (x + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
+    """SplitMix64's finaliser (``core.mix``): a fixed 64-bit mix of an integer, identical in every process
+    (unlike ``hash()``), and cheap enough to run per request."""
+    return splitmix64(x)
 
 
 class HashRing:

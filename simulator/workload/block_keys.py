@@ -11,7 +11,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from simulator.core.request import SPLITMIX_GOLDEN, SPLITMIX_MUL1, SPLITMIX_MUL2
+from simulator.core.mix import SPLITMIX_GOLDEN, SPLITMIX_MUL1, SPLITMIX_MUL2
 from simulator.workload.traces import MOONCAKE_BLOCK_TOKENS
 
 _GOLDEN = np.uint64(SPLITMIX_GOLDEN)

@@ -1,0 +1,26 @@
+"""``core.mix.splitmix64`` computes the 64-bit products on 16-bit limbs: it must equal the plain formula on
+Python ints bit for bit, for every integer (taken modulo 2**64), negative and wider ones too."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from simulator.core.mix import MASK64, splitmix64
+
+
+def plain_splitmix64(value: int) -> int:
+    z = (value + 0x9E3779B97F4A7C15) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+@given(st.one_of(st.integers(0, MASK64), st.integers(-(1 << 70), 1 << 70)))
+def test_the_limb_mix_is_the_plain_formula(value: int) -> None:
+    assert splitmix64(value) == plain_splitmix64(value)
+
+
+def test_known_values_and_edges() -> None:
+    assert splitmix64(0) == 0xE220A8397B1DCDAF  # SplitMix64's first output from seed 0
+    for value in (1, MASK64, 1 << 63, (1 << 32) - 1, 1 << 32, -1):
+        assert splitmix64(value) == plain_splitmix64(value)
+        assert 0 <= splitmix64(value) <= MASK64
