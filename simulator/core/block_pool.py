@@ -59,18 +59,19 @@ _COMPACT_SLACK: Final = 1024
 NOT_PRIVATE: Final = 1 << 62
 """A ``private_from`` past any table: no block is private (``cache_range``, ``Request.private_from``)."""
 
-_IDS: Final[list[Any]] = []
-"""Block ids 0, 1, 2, ... as int objects shared by every pool in the process: a pool hands these out rather
-than making its own (an id past 256 is an object of its own). A fleet of many replicas then holds one set
-of id objects rather than one per replica (less memory, fewer of them to keep in the CPU's caches)."""
+_INTS: Final[list[Any]] = []
+"""The ints 0, 1, 2, ... as objects shared by everything in the process that stores many of them: block ids
+(a pool hands these out rather than making its own: an id past 256 is an object of its own; a fleet of many
+replicas then holds one set of id objects rather than one per replica: less memory, fewer of them to keep in
+the CPU's caches), a decode run's event keys (``decode_run``: stored, sorted and dropped per run)."""
 
 
-def _ids_to(stop: int) -> list[Any]:
-    """The shared id objects, at least ``stop`` of them."""
-    ids = _IDS
-    if len(ids) < stop:
-        ids += range(len(ids), max(stop, 2 * len(ids), 1024))
-    return ids
+def shared_ints(stop: int) -> list[Any]:
+    """The shared int objects, at least ``stop`` of them (``_INTS``)."""
+    ints = _INTS
+    if len(ints) < stop:
+        ints += range(len(ints), max(stop, 2 * len(ints), 1024))
+    return ints
 
 
 class BlockPool:
@@ -315,13 +316,13 @@ class BlockPool:
         remaining = num_blocks - num_fresh
         if num_fresh == 1:  # the usual case (a decode token starting a block): no temporary lists
             self._num_handed = start + 1
-            out.append(_ids_to(start + 1)[start])
+            out.append(shared_ints(start + 1)[start])
             if start >= len(ref):
                 self._grow(start + 1)
             ref[start] = 1
         elif num_fresh:
             self._num_handed = start + num_fresh
-            out += _ids_to(start + num_fresh)[start:start + num_fresh]
+            out += shared_ints(start + num_fresh)[start:start + num_fresh]
             self._grow(start + num_fresh)
             ref[start:start + num_fresh] = [1] * num_fresh
         if remaining:
@@ -358,7 +359,7 @@ class BlockPool:
         start = self._num_handed
         if start < self.num_blocks:
             self._num_handed = start + 1
-            table.append(_ids_to(start + 1)[start])
+            table.append(shared_ints(start + 1)[start])
             ref = self._ref
             if start >= len(ref):
                 self._grow(start + 1)
@@ -512,7 +513,7 @@ class BlockPool:
         if remaining:
             start = self._num_handed
             self._num_handed = start + remaining
-            out += _ids_to(start + remaining)[start:start + remaining]
+            out += shared_ints(start + remaining)[start:start + remaining]
         return out
 
     def append_new_blocks(self, tables: list[list[int]]) -> None:
@@ -539,7 +540,7 @@ class BlockPool:
                 else:
                     self._offset = offset + 1
             else:
-                table.append(_ids_to(self._num_handed + 1)[self._num_handed])
+                table.append(shared_ints(self._num_handed + 1)[self._num_handed])
                 self._num_handed += 1
 
     def touch(self, blocks: Iterable[int], stop: int = -1) -> None:
@@ -563,8 +564,7 @@ class BlockPool:
         """Free a request's blocks tail first: ``free_blocks(reversed(table))``. Without caching the pool
         keeps ``table`` itself as the top of the stack (the caller must not use the list again)."""
         if self.enable_caching:
-            table.reverse()
-            self.free_blocks(table)
+            self._release(table, len(table) - 1, -1, -1)
             return
         self._push_chunk(table)
 
@@ -574,22 +574,16 @@ class BlockPool:
         between the partly filled blocks after them (to the front) and its blocks before them. The pool takes
         ``table`` over (the caller must not use the list again): the run is the table itself, cut to it."""
         if stop < len(table):
-            tail = table[stop:]
-            tail.reverse()
-            self.free_blocks(tail)
+            self._release(table, len(table) - 1, stop - 1, -1)
             del table[stop:]
-        head: list[int] | None = None
-        if start:
-            head = table[:start]
-            del table[:start]
-        table.reverse()
         freed: list[Any] = self._freed  # block ids, and runs of them
         freed.append(table)
         self._num_freed += stop - start
         self._num_in_runs += stop - start
-        if head is not None:
-            head.reverse()
-            self.free_blocks(head)
+        if start:
+            self._release(table, start - 1, -1, -1)  # read in place, before the table becomes the run
+            del table[:start]
+        table.reverse()
 
     def run_live(self, run: list[int]) -> int:
         """Blocks of a run (``free_marked_table``) still queued: the run, less what the head has handed out
@@ -691,22 +685,33 @@ class BlockPool:
                 chunk.reverse()
                 self._push_chunk(chunk)
             return
+        given: list[Any] = blocks if isinstance(blocks, list) else list(blocks)
+        self._release(given, 0, len(given), 1)
+
+    def _release(self, blocks: list[int], first: int, last: int, step: int) -> None:
+        """``free_blocks`` (with caching) of ``blocks[first]``, ``blocks[first + step]``, ... up to before
+        ``blocks[last]``: a table's part read in place, either way, without a list of its own."""
         freed: list[Any] = self._freed
         ref = self._ref
         entries = self._entries
         # Ids held as objects too: compiled, the queue takes the very object (an id boxed anew per free
         # would be an allocation); the int indexes the per-block lists.
-        given: list[Any] = blocks if isinstance(blocks, list) else list(blocks)
+        given: list[Any] = blocks
         hash_of = self._hash_of
         unhashed: list[int] = []
-        first = self.unhashed_first
+        unhashed_first = self.unhashed_first
         queued: i64 = 0
-        for held in given:
+        i: i64 = first
+        end: i64 = last
+        stride: i64 = step
+        while i != end:
+            held = given[i]
+            i += stride
             block_id: int = held
             count = ref[block_id] - 1
             ref[block_id] = count
             if count == 0:
-                if first and hash_of[block_id] is None:
+                if unhashed_first and hash_of[block_id] is None:
                     unhashed.append(block_id)
                     continue
                 freed.append(held)

@@ -29,8 +29,9 @@ Standard library only.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
+from simulator.core.block_pool import shared_ints
 from simulator.core.step import StepPlan
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ class DecodeRun:
         self._caching = scheduler.kv.enable_caching
         self._async = scheduler.config.async_scheduling
         self.requests: list[Request] = []
-        self._progressions: list[int] = []
+        self._progressions: list[Any] = []
         self._first_cycle: list[int] = []
         self._cursor_cycle = 0
         self._cursor_position = 0
@@ -126,7 +127,10 @@ class DecodeRun:
         requests = self.requests
         n = self.batch
         bs = self.block_size
-        progressions: list[int] = []
+        # Keys as the process's shared int objects (``block_pool.shared_ints``): a key is past 256, and made
+        # anew it would be an allocation, and a free as the run ends.
+        ints = shared_ints(2 * n * (bs + 1) + 2)
+        progressions: list[Any] = []
         first_cycle = self._first_cycle
         if len(first_cycle) < 2 * n:
             first_cycle.extend([0] * (2 * n - len(first_cycle)))
@@ -138,7 +142,7 @@ class DecodeRun:
             first = len(request.block_table) * bs - computed + 1  # first token of a new block
             starts = 0  # the step of the run's first block start in cycle 0 (0: none there)
             if 1 <= first <= num_steps:
-                progressions.append((((first - 1) % bs + 1) * n + index) * 2)
+                progressions.append(ints[(((first - 1) % bs + 1) * n + index) * 2])
                 first_cycle[2 * index] = (first - 1) // bs
                 if first <= bs:
                     starts = first
@@ -149,7 +153,7 @@ class DecodeRun:
                 # token that completes a block becomes known as the next one starts a block), one allocation
                 # does both: the start's event stands for the two.
                 if first <= num_steps and first != starts:
-                    progressions.append((first * n + index) * 2 + 1)
+                    progressions.append(ints[(first * n + index) * 2 + 1])
                     first_cycle[2 * index + 1] = 0
         if len(progressions) > 1:
             progressions.sort()  # a request's two kinds of event on one step sit together: applied once
@@ -181,7 +185,7 @@ class DecodeRun:
             if base + 1 > step:
                 break
             while position < count:
-                key = progressions[position]
+                key: int = progressions[position]
                 slot = key >> 1  # phase * n + index
                 phase = slot // n
                 if phase + base > step:
