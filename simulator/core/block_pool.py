@@ -35,6 +35,11 @@ Invariants (tested by a hypothesis state machine):
   and its entry is always live. A fleet whose requests share nothing (a chat workload) otherwise spends
   most of its time on per-block bookkeeping for blocks nobody will ever find again.
 
+- blocks that many requests take as one prefix (a system prompt's) may be held through a ``Pin``: while
+  it has holders it references each of its blocks once, and holding it costs a count, not a reference and a
+  release per block. It takes its references as its first holder would and drops them, last block first,
+  as its last holder would; ``ref_count`` and ``ref_cnt`` report each holder's reference.
+
 Blocks are ints, not objects: a replica hands out and frees tens of blocks per request, and a simulated
 fleet does so millions of times. Per-block state lives in flat lists indexed by block id, which grow only
 as blocks are first handed out (a pool of a million blocks costs nothing until it is used). Without the
@@ -72,6 +77,21 @@ def shared_ints(stop: int) -> list[Any]:
     if len(ints) < stop:
         ints += range(len(ints), max(stop, 2 * len(ints), 1024))
     return ints
+
+
+class Pin:
+    """Blocks that many requests take as one prefix (a system prompt's, found by one walk of the index), held
+    as one: while anyone holds the pin, it holds one reference on each of its blocks, and a request holding
+    it costs a count, not a reference and a release per block (``BlockPool.hold``). What the pool reports and
+    does is the same as if each holder referenced each block: the pin takes its references as its first
+    holder would (``touch``) and drops them, last block first, as its last holder would (``free_table``)."""
+
+    __slots__ = ("blocks", "holders")
+
+    def __init__(self, blocks: list[int]) -> None:
+        self.blocks = blocks
+        """The blocks, in table order: every holder's table starts with them."""
+        self.holders = 0
 
 
 class BlockPool:
@@ -146,6 +166,9 @@ class BlockPool:
         block is reused (KV tiers take the hash: ``core.kv_tiers``; a runner may copy the block's bytes)."""
         self.on_cache: Callable[[int], None] | None = None
         """Called with a hash as it is first indexed (a store written as blocks are computed takes it)."""
+        self._held_pins: set[Pin] = set()
+        """Pins with holders: each holds one reference on each of its blocks (``ref_cnt`` reports their
+        holders instead)."""
 
     @property
     def num_free(self) -> int:
@@ -167,6 +190,9 @@ class BlockPool:
         list, in O(blocks): for checks, not hot paths."""
         if self.enable_caching:
             counts = self._ref[:self._num_handed]
+            for pin in self._held_pins:
+                for block_id in pin.blocks:
+                    counts[block_id] += pin.holders - 1
             if not self._num_in_runs:
                 return counts
             for block_id in self._run_blocks():
@@ -181,16 +207,16 @@ class BlockPool:
         if self.enable_caching:
             if self._num_in_runs and block_id in self._run_blocks():
                 return 0
-            return self._ref[block_id]
+            return self._ref[block_id] + sum(pin.holders - 1 for pin in self._held_pins if block_id in pin.blocks)
         return 0 if block_id in self._stack_order() else 1
 
-    def num_unreferenced(self, blocks: Sequence[int], stop: int = -1) -> int:
-        """How many of these blocks (the first ``stop``; all when negative) nobody references (prefix hits
-        on free cached blocks: never blocks in a run, which nothing can find)."""
+    def num_unreferenced(self, blocks: Sequence[int], stop: int = -1, start: int = 0) -> int:
+        """How many of these blocks (``blocks[start:stop]``; to the end when ``stop`` is negative) nobody
+        references (prefix hits on free cached blocks: never blocks in a run, which nothing can find)."""
         ref = self._ref
         ids: list[Any] = blocks if isinstance(blocks, list) else list(blocks)  # compiled: an indexed loop
         num: i64 = 0
-        i: i64 = 0
+        i: i64 = start
         count: i64 = len(ids) if stop < 0 else min(stop, len(ids))
         while i < count:
             block_id: int = ids[i]
@@ -543,13 +569,13 @@ class BlockPool:
                 table.append(shared_ints(self._num_handed + 1)[self._num_handed])
                 self._num_handed += 1
 
-    def touch(self, blocks: Iterable[int], stop: int = -1) -> None:
-        """Take a reference on prefix-hit blocks (the first ``stop``; all when negative); a free one leaves
-        the queue (it is no longer evictable)."""
+    def touch(self, blocks: Iterable[int], stop: int = -1, start: int = 0) -> None:
+        """Take a reference on prefix-hit blocks (``blocks[start:stop]``; to the end when ``stop`` is
+        negative); a free one leaves the queue (it is no longer evictable)."""
         ref = self._ref
         hits: list[int] = blocks if isinstance(blocks, list) else list(blocks)  # compiled: an indexed loop
         num: i64 = len(hits) if stop < 0 else min(stop, len(hits))
-        i: i64 = 0
+        i: i64 = start
         while i < num:
             block_id = hits[i]
             count = ref[block_id]
@@ -560,19 +586,42 @@ class BlockPool:
         if len(self._freed) - self._freed_head > 2 * self._num_freed + _COMPACT_SLACK:
             self._compact()
 
-    def free_table(self, table: list[int]) -> None:
-        """Free a request's blocks tail first: ``free_blocks(reversed(table))``. Without caching the pool
-        keeps ``table`` itself as the top of the stack (the caller must not use the list again)."""
+    def hold(self, pin: Pin) -> None:
+        """``touch(pin.blocks)`` for one more holder of the pin: its first holder's references are the pin's
+        own, a later holder's a count."""
+        if not pin.holders:
+            self.touch(pin.blocks)
+            self._held_pins.add(pin)
+        pin.holders += 1
+
+    def _let_go(self, pin: Pin) -> None:
+        """One holder of the pin gone: the last one's references are dropped, last block first (as that
+        holder's release of its table's first blocks would have)."""
+        pin.holders -= 1
+        if not pin.holders:
+            self._held_pins.discard(pin)
+            blocks = pin.blocks
+            self._release(blocks, len(blocks) - 1, -1, -1)
+
+    def free_table(self, table: list[int], pin: Pin | None = None) -> None:
+        """Free a request's blocks tail first: ``free_blocks(reversed(table))``; ``pin``: the table's first
+        blocks are the pin's, held through it (``hold``). Without caching the pool keeps ``table`` itself as
+        the top of the stack (the caller must not use the list again)."""
         if self.enable_caching:
-            self._release(table, len(table) - 1, -1, -1)
+            if pin is None:
+                self._release(table, len(table) - 1, -1, -1)
+            else:
+                self._release(table, len(table) - 1, len(pin.blocks) - 1, -1)
+                self._let_go(pin)
             return
         self._push_chunk(table)
 
-    def free_marked_table(self, table: list[int], start: int, stop: int) -> None:
+    def free_marked_table(self, table: list[int], start: int, stop: int, pin: Pin | None = None) -> None:
         """``free_table`` for a finished request whose blocks ``table[start:stop]`` are marked (``cache_range``):
         they reach the tail of the queue as one run, in the order ``free_blocks`` would have queued them,
         between the partly filled blocks after them (to the front) and its blocks before them. The pool takes
-        ``table`` over (the caller must not use the list again): the run is the table itself, cut to it."""
+        ``table`` over (the caller must not use the list again): the run is the table itself, cut to it.
+        ``pin``: the table's first blocks are the pin's, held through it (``hold``; at most ``start`` of them)."""
         if stop < len(table):
             self._release(table, len(table) - 1, stop - 1, -1)
             del table[stop:]
@@ -581,7 +630,12 @@ class BlockPool:
         self._num_freed += stop - start
         self._num_in_runs += stop - start
         if start:
-            self._release(table, start - 1, -1, -1)  # read in place, before the table becomes the run
+            # Read in place, before the table becomes the run.
+            if pin is None:
+                self._release(table, start - 1, -1, -1)
+            else:
+                self._release(table, start - 1, len(pin.blocks) - 1, -1)
+                self._let_go(pin)
             del table[:start]
         table.reverse()
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from simulator.core.block_pool import NOT_PRIVATE, BlockPool
+from simulator.core.block_pool import NOT_PRIVATE, BlockPool, Pin
 from simulator.core.request import Request
 
 if TYPE_CHECKING:
@@ -123,9 +123,15 @@ class KVManager:
         """Chains indexed after all (``_open_chain``): their sessions' blocks here are indexed as usual."""
         self._swept_at = 64
         """``_chains`` is swept of chains with nothing left when it outgrows this."""
-        self._prefix_walks: dict[Any, tuple[list[Any], int]] = {}
-        """First hash of a chain's shared prefix -> the blocks its last walk found, and the pool's count of
-        copies made then (``_walk_prefix``)."""
+        self._prefix_walks: dict[Any, tuple[Pin, int]] = {}
+        """First hash of a chain's shared prefix -> the blocks its last walk found (as a pin), and the pool's
+        count of copies made then (``_walk_prefix``)."""
+        self._walked: Pin | None = None
+        """The pin of the blocks the last ``_walk_prefix`` found (None: it found none)."""
+        self._pin: Pin | None = None
+        self._pin_hits: list[Any] | None = None
+        """The pin the last lookup's hits begin with, and those hits: ``allocate``, given them, holds the pin
+        instead of referencing its blocks one by one."""
         self._claim: _Chain | None = None
         self._claimer: Request | None = None
         self._claimed = 0
@@ -168,6 +174,7 @@ class KVManager:
                 # hold a private one, so the lookup ends at the first (a miss, either way).
                 max_blocks = min(max_blocks, max(len(hashes), request.private_from))
         self._claim = None
+        self._pin = None
         key = self._chain_key(request)
         if key is not None:
             return self._chained_lookup(request, key, max_blocks)
@@ -216,18 +223,30 @@ class KVManager:
         the last walk that began with the same hash when its blocks still hold these very hashes and a walk
         would stop where it did (``BlockPool.holds_prefix``); one list read per block rather than an index
         probe (the prefix's hashes are the same objects in every request: ``SharedHashes``)."""
+        self._walked = None
         if stop <= 0:
             return 0
         walks = self._prefix_walks
         first = hashes[0]
         last = walks.get(first)
-        if last is not None and self.pool.holds_prefix(last[0], hashes, stop, last[1]):
-            hits += last[0]
-            return len(last[0])
+        if last is not None and self.pool.holds_prefix(last[0].blocks, hashes, stop, last[1]):
+            pin = last[0]
+            hits += pin.blocks
+            self._walked = pin
+            return len(pin.blocks)
+        start = len(hits)
         count = self._walk(hashes, 0, stop, hits)
         if len(walks) >= _PREFIX_WALKS_KEPT:
             walks.clear()
-        walks[first] = (hits[:count], self.pool.copies_made)
+        if count:
+            blocks = hits[start:start + count]
+            # The same blocks as the last walk's (a copy made elsewhere voided the answer, not these blocks):
+            # the same pin, so that its holders and the ones to come share it.
+            pin = last[0] if last is not None and last[0].blocks == blocks else Pin(blocks)
+            walks[first] = (pin, self.pool.copies_made)
+            self._walked = pin
+        else:
+            walks.pop(first, None)
         return count
 
     def _chain_key(self, request: Request) -> Any:
@@ -254,6 +273,8 @@ class KVManager:
             self._walk(self._values(request, max_blocks), 0, max_blocks, hits)
             return hits
         count = self._walk_prefix(hashes, min(start, max_blocks), hits)
+        self._pin = self._walked  # the hits begin with its blocks, whatever this lookup adds to them
+        self._pin_hits = hits
         run = None if chain is None else chain.run
         if run is None or count < start or start >= max_blocks:
             if run is not None and count < start and self.pool.run_live(run):
@@ -378,11 +399,19 @@ class KVManager:
         num_free = self.pool.num_free
         if num_new + taken > num_free:
             return None  # short even before the hits are counted (a blocked queue head, step after step)
+        # The pin the lookup's hits begin with (``_walk_prefix``), held as one (``BlockPool.hold``).
+        pin = self._pin if new_computed_blocks is self._pin_hits and not blocks else None
+        skip = 0  # hit blocks held through the pin: none of them free while it has holders
+        if pin is not None and pin.holders:
+            skip = len(pin.blocks)
         evictable_hits = 0
         if new_computed_blocks:  # a run's blocks are never referenced: only the ones before it are read
-            evictable_hits = self.pool.num_unreferenced(new_computed_blocks, len(new_computed_blocks) - taken) + taken
+            evictable_hits = self.pool.num_unreferenced(new_computed_blocks, len(new_computed_blocks) - taken,
+                                                        skip) + taken
         if num_new + evictable_hits > num_free:
             return None
+        self._pin = None
+        self._pin_hits = None
         to_pop = num_new
         if not blocks:
             mark = request.mark_from = self._mark_from(request, claim if taken else None)
@@ -394,15 +423,20 @@ class KVManager:
                 to_pop = 0
             self.req_blocks[request.request_id] = blocks  # the request starts holding KV (or may: an empty table)
         if new_computed_blocks:
+            start = 0
+            if pin is not None:
+                self.pool.hold(pin)  # as touching its blocks would (they come first)
+                request.pin = pin
+                start = len(pin.blocks)
             if taken and claim is not None and claim.run is not None:
                 num_indexed = len(new_computed_blocks) - taken
-                if num_indexed:
-                    self.pool.touch(new_computed_blocks, num_indexed)
+                if num_indexed > start:
+                    self.pool.touch(new_computed_blocks, num_indexed, start)
                 self.pool.take_run(claim.run)
                 claim.run = None
                 claim.holder = request
             else:
-                self.pool.touch(new_computed_blocks)
+                self.pool.touch(new_computed_blocks, -1, start)
             blocks.extend(new_computed_blocks)
         if to_pop:
             blocks.extend(self.pool.get_new_blocks(to_pop))
@@ -527,6 +561,8 @@ class KVManager:
         request.mark_from = NOT_PRIVATE
         request.block_table = []  # the old table leaves the request: the pool takes it over
         request.num_indexed_blocks = 0
+        pin = request.pin
+        request.pin = None
         key = None
         chain = None
         if mark == request.chain_from and mark < len(request.block_hashes) and self._chains:
@@ -538,7 +574,7 @@ class KVManager:
             del self._chains[key]
         if indexed > mark:
             if request.num_output_tokens >= request.spec.output_tokens:
-                self.pool.free_marked_table(blocks, mark, indexed)  # finished: its chain is never looked up again
+                self.pool.free_marked_table(blocks, mark, indexed, pin)  # finished: its chain is never looked up again
                 if chain is not None:
                     # The run (the table itself, cut to its chained blocks) is what the session's next turn
                     # here takes over; a last turn's too, for an earlier turn may still come back (preempted,
@@ -554,7 +590,7 @@ class KVManager:
             self.pool.index_private(blocks, request.block_hashes, mark, indexed)
             self._exposed.add(request.request_id)
         if blocks:
-            self.pool.free_table(blocks)
+            self.pool.free_table(blocks, pin)
 
     def block_ids(self, request_id: int) -> list[int]:
         return list(self.req_blocks.get(request_id, ()))

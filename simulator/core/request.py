@@ -15,7 +15,7 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from simulator.core.block_pool import NOT_PRIVATE
+from simulator.core.block_pool import NOT_PRIVATE, Pin
 from simulator.core.mix import splitmix64
 
 if TYPE_CHECKING:
@@ -197,6 +197,7 @@ class Request:
         "num_preemptions",
         "num_prompt_tokens",
         "num_swapped_tokens",
+        "pin",
         "priority",
         "private_from",
         "request_id",
@@ -248,6 +249,9 @@ class Request:
         self.mark_from: i64 = NOT_PRIVATE
         """First block the KV manager marks private instead of indexing, while the request holds KV (set
         as it starts holding it; ``NOT_PRIVATE``: none)."""
+        self.pin: Pin | None = None
+        """While the request holds KV: the pin through which it holds its table's first blocks (a system
+        prompt's, ``BlockPool.hold``), or None."""
 
     def expose_hashes(self) -> None:
         """Hold every hash as a value (a private tail derived: the request's blocks past ``private_from``

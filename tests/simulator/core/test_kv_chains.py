@@ -184,3 +184,34 @@ def test_scripted_turns_take_their_runs_over() -> None:
             machine.the_same_to_every_reader()
         before = prompt + 5
     assert not machine.waiting and machine.takes == 3
+
+
+def test_turns_on_one_system_prompt_hold_its_blocks_through_one_pin() -> None:
+    """Turns of three sessions of one family run at once: the later two find the system prompt's blocks by the
+    walk the first one's lookup left, and hold them as one pin (a count, not a reference per block), while
+    the pool reports, frees and evicts exactly as the reference that references each block does."""
+    machine = ChainMachine()
+    machine.setup(48)
+    pairs = []
+    for session in range(3):
+        prompt = SYS * BS + 6
+        pair = machine._make(session, 0, session, prompt, 5, last=False, before=SYS * BS)
+        machine.sessions[session] = (0, prompt + 5, False)
+        machine._admit(pair, 40)
+        machine.the_same_to_every_reader()
+        pairs.append(pair)
+    chained = machine.twins[0]
+    pins = {id(pair[0].pin) for pair in pairs[1:]}
+    assert len(pins) == 1 and pairs[1][0].pin is not None, "the later turns do not share one pin"
+    pin = pairs[1][0].pin
+    assert pin.blocks == pairs[1][0].block_table[:SYS] and pin.holders == 2
+    assert [chained.pool.ref_count(b) for b in pin.blocks] == [3] * SYS  # the first turn's own, and two holders
+    for pair in pairs:
+        while pair[1].request_id in machine.running:
+            if pair[1].num_computed_tokens < pair[1].num_tokens:
+                assert machine._compute(pair, pair[1].num_tokens - pair[1].num_computed_tokens)
+            else:
+                machine._produce(pair)
+            machine.the_same_to_every_reader()
+    assert pin.holders == 0 and not chained.pool._held_pins
+    assert [chained.pool.ref_count(b) for b in pin.blocks] == [0] * SYS
