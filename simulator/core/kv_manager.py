@@ -441,6 +441,10 @@ class KVManager:
         if to_pop:
             blocks.extend(self.pool.get_new_blocks(to_pop))
         if self.enable_caching and request.num_hashed_blocks:
+            if pin is not None:
+                # The pin's blocks are the index's answers, each holding its hash (held now: none is evicted),
+                # which indexing passes over: it starts after them (or at the mark), to the same end.
+                request.num_indexed_blocks = min(len(pin.blocks), request.mark_from)
             self._cache_full_blocks(request, blocks, num_new_tokens, len(new_computed_blocks))
         return num_new
 
