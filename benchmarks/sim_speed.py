@@ -90,6 +90,10 @@ class EventCounter:
         fleet.run_until = self._run_until
 
 
+_NOT_UNDER_CALLGRIND = ("--instructions needs this process under callgrind: "
+                        "valgrind --tool=callgrind --instr-atstart=no python benchmarks/sim_speed.py --instructions")
+
+
 class InstructionCounter:
     """Instructions executed inside a ``with`` block, when this process runs under
     ``valgrind --tool=callgrind --instr-atstart=no`` (a benchmark-only instrument): zero the counters and
@@ -104,7 +108,7 @@ class InstructionCounter:
     def _control(self, *args: str) -> None:
         done = subprocess.run(["callgrind_control", *args, self._pid], capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            raise SystemExit("--instructions needs valgrind --tool=callgrind --instr-atstart=no (see the docstring)")
+            raise SystemExit(_NOT_UNDER_CALLGRIND)
 
     def __enter__(self) -> InstructionCounter:
         self._control("--zero")
@@ -115,7 +119,10 @@ class InstructionCounter:
         self._control("--instr=off")
         before = set(Path.cwd().glob(f"callgrind.out.{self._pid}.*"))
         self._control("--dump=sim_speed")
-        (dump,) = set(Path.cwd().glob(f"callgrind.out.{self._pid}.*")) - before
+        dumps = set(Path.cwd().glob(f"callgrind.out.{self._pid}.*")) - before
+        if len(dumps) != 1:  # callgrind_control answers 0 even when no callgrind runs this process
+            raise SystemExit(_NOT_UNDER_CALLGRIND)
+        (dump,) = dumps
         lines = dump.read_text().splitlines()
         names = next(line for line in lines if line.startswith("events:")).split()[1:]
         totals = [int(x) for x in [line for line in lines if line.startswith("totals:")][-1].split()[1:]]
