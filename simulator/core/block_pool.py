@@ -296,24 +296,38 @@ class BlockPool:
                      copies_made: int) -> bool:
         """Whether a prefix lookup of ``block_hashes`` capped at ``max_blocks`` (``KVManager
         .get_computed_blocks``) would answer ``blocks`` now, given that one did when ``copies_made`` (this
-        pool's count then) was the count of copies made: each still holds the very hash object at its
-        position, no copy of any hash was made since, and the next hash, if the cap allows one, is not
-        cached. Then each block is still the one the index answers with: an answer changes only as its block
-        is evicted, and the block could hold the hash again only by caching it anew, as a copy of the new
-        answer if there is one (which counts as a copy made)."""
-        num: i64 = len(blocks)
-        if num > max_blocks or self.copies_made != copies_made:
-            return False
+        pool's count then) was the count of copies made (``held_prefix``)."""
+        return self.held_prefix(blocks, block_hashes, max_blocks, copies_made) == len(blocks)
+
+    def held_prefix(self, blocks: list[int], block_hashes: tuple[int, ...], max_blocks: int,
+                    copies_made: int) -> int:
+        """How many leading ``blocks`` a prefix lookup of ``block_hashes`` capped at ``max_blocks`` would
+        answer now, given that one answered ``blocks`` when ``copies_made`` (this pool's count then) was the
+        count of copies made; -1 when only a walk can tell. The answer is the blocks before the first that
+        no longer holds the very hash object at its position (or the cap), when no copy of any hash was made
+        since and the walk would stop there (the next hash, if the cap allows one, is not cached). Each of
+        them is still the one the index answers with: an answer changes only as its block is evicted, and
+        the block could hold the hash again only by caching it anew, as a copy of the new answer if there is
+        one (which counts as a copy made). A blocked queue head whose deepest hits were evicted (an
+        overloaded replica: its decodes pop the free queue's head, where they sit) is answered with the rest,
+        not walked again."""
+        if self.copies_made != copies_made:
+            return -1
         hash_of: list[Any] = self._hash_of
         ids: list[Any] = blocks
         hashes: tuple[Any, ...] = block_hashes
+        num: i64 = len(blocks)
+        if num > max_blocks:
+            num = max_blocks
         i: i64 = 0
         while i < num:
             block_id: int = ids[i]
             if hash_of[block_id] is not hashes[i]:
-                return False
+                break
             i += 1
-        return num == max_blocks or hashes[num] not in self.cached
+        if i == max_blocks or hashes[i] not in self.cached:
+            return i
+        return -1
 
     def get_cached_block(self, block_hash: int) -> int | None:
         return self.cached.get(block_hash)

@@ -182,11 +182,15 @@ class KVManager:
             # A session's blocks past its chain's first, which its earlier turns may have indexed here.
             request.expose_hashes()
             hashes = request.block_hashes
-        if request is self._last_looked_up and self.pool.holds_prefix(self._last_hits, hashes, max_blocks,
-                                                                      self._last_copies_made):
-            # The blocks found last time still hold these hashes, and the walk would stop where it did: an
-            # overloaded replica's blocked head costs one check per hit block here, not one index probe.
-            return list(self._last_hits)
+        if request is self._last_looked_up:
+            held = self.pool.held_prefix(self._last_hits, hashes, max_blocks, self._last_copies_made)
+            if held >= 0:
+                # The blocks found last time still hold these hashes up to where a walk would stop now: an
+                # overloaded replica's blocked head costs one check per hit block here, not one index probe.
+                last = self._last_hits
+                if held < len(last):
+                    del last[held:]
+                return list(last)
         # The list at its largest size first, cut after the walk: appending would grow (reallocate and copy)
         # it a dozen times for a hundred hits.
         hits: list[Any] = [None] * max_blocks

@@ -400,3 +400,25 @@ def test_holds_prefix_answers_as_a_fresh_walk_would() -> None:
     assert not pool.holds_prefix([a, b], (h0, h1, h2), 3, made)
     made = pool.copies_made
     assert pool.holds_prefix([c, b], (h0, h1, h2), 3, made)  # what a walk finds now
+
+
+def test_held_prefix_answers_the_part_still_held() -> None:
+    """A lookup answered from an earlier one whose deepest blocks were evicted since (an overloaded
+    replica's blocked queue head): the blocks before the first one evicted, when a walk would stop there;
+    -1 (walk again) when another block answers for the hash there now."""
+    h0, h1, h2, other = 1 << 40, (1 << 40) + 1, (1 << 40) + 2, (1 << 40) + 3
+    pool = BlockPool(4)
+    a, b, c, d = pool.get_new_blocks(4)
+    pool.cache_blocks([a, b, c], [h0, h1, h2])
+    made = pool.copies_made
+    assert pool.held_prefix([a, b, c], (h0, h1, h2), 3, made) == 3
+    assert pool.held_prefix([a, b, c], (h0, h1, h2), 2, made) == 2  # the cap ends the walk
+    pool.free_blocks([c, b, a])  # c to the queue's head: evicted first
+    assert pool.get_new_blocks(1) == [c]
+    assert pool.held_prefix([a, b, c], (h0, h1, h2), 3, made) == 2  # a walk finds a, b, then misses h2
+    assert not pool.holds_prefix([a, b, c], (h0, h1, h2), 3, made)
+    assert pool.held_prefix([a, b, c], (h0, h1, h2), 3, made + 1) == -1  # a copy made since: walk
+    pool.cache_blocks([c], [other])
+    pool.cache_blocks([d], [h2])  # h2 answered by d now: a walk finds a, b, d
+    assert pool.held_prefix([a, b, c], (h0, h1, h2), 3, made) == -1
+    assert pool.held_prefix([a, b, d], (h0, h1, h2), 3, made) == 3
