@@ -27,14 +27,19 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Collection, Iterator, Sequence
+from typing import Any, Final
 
 from simulator.core import speculation
+from simulator.core.block_pool import shared_ints
 from simulator.core.config import Batching, KVPolicy, Preemption, QueuePolicy, Role, SchedulerConfig
 from simulator.core.kv_manager import KVManager, KVStats
 from simulator.core.kv_tiers import KVTiers, TierLoad
 from simulator.core.kv_transfer import KVReceiver, KVSender
 from simulator.core.request import Request, RequestSpec, RequestStatus
 from simulator.core.step import StepPlan, SwapOp
+
+_SHARED_COUNTS: Final = 8192
+"""Token counts below this are handed to step plans as the process's shared int objects (``_schedule_chunked``)."""
 
 
 class WaitingQueue:
@@ -527,7 +532,12 @@ class Scheduler:
         preempted = False
         running = self.running
         kv = self.kv  # its method called on it: compiled, a bound method taken out is a generic call
-        rows, rows_new, rows_computed = plan.requests, plan.num_new_tokens, plan.num_computed_tokens
+        rows, rows_new = plan.requests, plan.num_new_tokens
+        # Computed tokens as the process's shared int objects (``block_pool.shared_ints``) where they reach:
+        # made anew, a decode row's count (past 256) would be an allocation per row per step, and a free.
+        rows_computed: list[Any] = plan.num_computed_tokens
+        ints = shared_ints(_SHARED_COUNTS)
+        num_ints = len(ints)
         spec = cfg.speculation
         num_spec = 0 if spec is None else spec.num_speculative_tokens
         i = 0
@@ -549,7 +559,7 @@ class Scheduler:
                 # A decode the KV manager needs to do nothing for: schedule it without the allocation.
                 rows.append(request)
                 rows_new.append(1)
-                rows_computed.append(computed)
+                rows_computed.append(ints[computed] if computed < num_ints else computed)
                 budget -= 1
                 i += 1
                 continue
