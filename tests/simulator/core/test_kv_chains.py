@@ -164,6 +164,17 @@ def test_the_chains_are_taken_over() -> None:
     assert sum(_TAKES) >= 5 and sum(1 for n in _TAKES if n) >= 2, _TAKES
 
 
+def _run_to_its_end(machine: ChainMachine, pair: Pair) -> None:
+    """Compute a running pair's prompt, then produce its tokens until it finishes, the twins agreeing after
+    every operation."""
+    while pair[1].request_id in machine.running:
+        if pair[1].num_computed_tokens < pair[1].num_tokens:
+            assert machine._compute(pair, pair[1].num_tokens - pair[1].num_computed_tokens)
+        else:
+            machine._produce(pair)
+        machine.the_same_to_every_reader()
+
+
 def test_scripted_turns_take_their_runs_over() -> None:
     """One session's four turns, each run to its end before the next arrives: every later turn takes over
     the run its previous turn left, the twins agreeing after every operation."""
@@ -176,12 +187,7 @@ def test_scripted_turns_take_their_runs_over() -> None:
         machine.sessions[7] = (0, prompt + 5, turn == 3)
         machine._admit(pair, 40)
         machine.the_same_to_every_reader()
-        while pair[1].request_id in machine.running:
-            if pair[1].num_computed_tokens < pair[1].num_tokens:
-                assert machine._compute(pair, pair[1].num_tokens - pair[1].num_computed_tokens)
-            else:
-                machine._produce(pair)
-            machine.the_same_to_every_reader()
+        _run_to_its_end(machine, pair)
         before = prompt + 5
     assert not machine.waiting and machine.takes == 3
 
@@ -207,11 +213,6 @@ def test_turns_on_one_system_prompt_hold_its_blocks_through_one_pin() -> None:
     assert pin.blocks == pairs[1][0].block_table[:SYS] and pin.holders == 2
     assert [chained.pool.ref_count(b) for b in pin.blocks] == [3] * SYS  # the first turn's own, and two holders
     for pair in pairs:
-        while pair[1].request_id in machine.running:
-            if pair[1].num_computed_tokens < pair[1].num_tokens:
-                assert machine._compute(pair, pair[1].num_tokens - pair[1].num_computed_tokens)
-            else:
-                machine._produce(pair)
-            machine.the_same_to_every_reader()
+        _run_to_its_end(machine, pair)
     assert pin.holders == 0 and not chained.pool._held_pins
     assert [chained.pool.ref_count(b) for b in pin.blocks] == [0] * SYS
