@@ -79,12 +79,17 @@ class DecodeRun:
             # The requests whose last token the run's last step samples (``steady_async_steps`` ends a run
             # there when the blocks allow): the run's last decision, scheduled as that step starts, leaves
             # them out, and ``finish`` delivers their last tokens and finishes them, as ``update`` would.
+            # Written in place, the list only ever grown (cleared and appended to, it was freed and grown
+            # again by reallocation per run).
             finishing = self._finishing
-            finishing.clear()
+            n = len(requests)
+            if len(finishing) < n:
+                finishing.extend([False] * (n - len(finishing)))
             any_finishing = False
-            for request in requests:
+            for index in range(n):
+                request = requests[index]
                 last = request.max_output_tokens - request.num_output_tokens == num_steps
-                finishing.append(last)
+                finishing[index] = last
                 any_finishing = any_finishing or last
             if any_finishing:
                 self._finish_step = num_steps
@@ -130,7 +135,10 @@ class DecodeRun:
         # Keys as the process's shared int objects (``block_pool.shared_ints``): a key is past 256, and made
         # anew it would be an allocation, and a free as the run ends.
         ints = shared_ints(2 * n * (bs + 1) + 2)
-        progressions: list[Any] = []
+        # The last run's list, written over in place (a fresh one per run grew by reallocation as it filled).
+        progressions = self._progressions
+        size = len(progressions)
+        count = 0
         first_cycle = self._first_cycle
         if len(first_cycle) < 2 * n:
             first_cycle.extend([0] * (2 * n - len(first_cycle)))
@@ -142,7 +150,12 @@ class DecodeRun:
             first = len(request.block_table) * bs - computed + 1  # first token of a new block
             starts = 0  # the step of the run's first block start in cycle 0 (0: none there)
             if 1 <= first <= num_steps:
-                progressions.append(ints[(((first - 1) % bs + 1) * n + index) * 2])
+                key = ints[(((first - 1) % bs + 1) * n + index) * 2]
+                if count < size:
+                    progressions[count] = key
+                else:
+                    progressions.append(key)
+                count += 1
                 first_cycle[2 * index] = (first - 1) // bs
                 if first <= bs:
                     starts = first
@@ -153,11 +166,17 @@ class DecodeRun:
                 # token that completes a block becomes known as the next one starts a block), one allocation
                 # does both: the start's event stands for the two.
                 if first <= num_steps and first != starts:
-                    progressions.append(ints[(first * n + index) * 2 + 1])
+                    key = ints[(first * n + index) * 2 + 1]
+                    if count < size:
+                        progressions[count] = key
+                    else:
+                        progressions.append(key)
+                    count += 1
                     first_cycle[2 * index + 1] = 0
-        if len(progressions) > 1:
+        if count < size:
+            del progressions[count:]
+        if count > 1:
             progressions.sort()  # a request's two kinds of event on one step sit together: applied once
-        self._progressions = progressions
         self._cursor_cycle = 0
         self._cursor_position = 0
         """(cycle, position in the progressions) of the next event not yet applied."""
@@ -314,15 +333,19 @@ class DecodeRun:
         requests = self.requests
         finishing = self._finishing
         finished: list[Request] = []
-        kept: list[Request] = []
+        kept = 0
         for index in range(len(requests)):
             request = requests[index]
             if finishing[index]:
                 request.num_computed_tokens -= 1  # not in the last decision (set_counters moved every request)
                 finished.append(request)
             else:
-                kept.append(request)
-        self.requests = kept  # the step handed back (``in_flight_plan``) runs without them
+                if kept != index:
+                    requests[kept] = request
+                kept += 1
+        # The step handed back (``in_flight_plan``) runs without them: the run's own list (nothing else holds
+        # it yet), cut in place.
+        del requests[kept:]
         return self.scheduler.deliver_last_tokens(finished)
 
     def in_flight_plan(self) -> StepPlan:

@@ -562,7 +562,10 @@ class KVManager:
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first (its longest prefixes are evicted first)."""
-        self.req_blocks.pop(request.request_id, None)
+        req_blocks = self.req_blocks
+        rid = request.request_id
+        if rid in req_blocks:  # compiled: two native dict operations (``pop`` with a default is a generic call)
+            del req_blocks[rid]
         blocks = request.block_table
         mark = request.mark_from
         indexed = request.num_indexed_blocks

@@ -211,19 +211,19 @@ class Scheduler:
         row that reaches its end will sample a token, held as a placeholder until ``update`` delivers it
         (vLLM's ``Scheduler._update_after_schedule`` and ``AsyncScheduler._update_after_schedule``). The
         next plan, scheduled while this one runs, then continues every request from there."""
-        sampled: list[bool] = []
         rows = plan.requests
         rows_new = plan.num_new_tokens
-        for index in range(plan.num_rows()):
+        num_rows = plan.num_rows()
+        sampled = [True] * num_rows  # made at its length (appended to, it grew by reallocation)
+        for index in range(num_rows):
             request = rows[index]
             computed = request.num_computed_tokens + rows_new[index]
             request.num_computed_tokens = computed
             placeholders = request.num_output_placeholders
             if computed >= request.num_prompt_tokens + request.num_output_tokens + placeholders:
                 request.num_output_placeholders = placeholders + 1
-                sampled.append(True)
             else:
-                sampled.append(False)  # a prompt chunk short of the end
+                sampled[index] = False  # a prompt chunk short of the end
         plan.sampled = sampled
 
     def update(self, plan: StepPlan, stopped_ids: Collection[int] = (),
@@ -352,8 +352,17 @@ class Scheduler:
         self.kv.cache_known_blocks(request)
 
     def _drop_finished(self) -> None:
-        """The running list without the requests just finished."""
-        self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        """The running list without the requests just finished, in place (a new list per finish grew by
+        reallocation as it filled)."""
+        running = self.running
+        kept = 0
+        for index in range(len(running)):
+            request = running[index]
+            if request.status is RequestStatus.RUNNING:
+                if kept != index:
+                    running[kept] = request
+                kept += 1
+        del running[kept:]
 
     def _finish(self, request: Request) -> None:
         request.status = RequestStatus.FINISHED
