@@ -79,8 +79,8 @@ class DecodeRun:
             # The requests whose last token the run's last step samples (``steady_async_steps`` ends a run
             # there when the blocks allow): the run's last decision, scheduled as that step starts, leaves
             # them out, and ``finish`` delivers their last tokens and finishes them, as ``update`` would.
-            # Written in place, the list only ever grown (cleared and appended to, it was freed and grown
-            # again by reallocation per run).
+            # Written over in place, grown only past its longest fill (only its first ``batch`` entries are
+            # read): cleared and appended to, it was freed and grown again by reallocation per run.
             finishing = self._finishing
             n = len(requests)
             if len(finishing) < n:
@@ -137,7 +137,6 @@ class DecodeRun:
         ints = shared_ints(2 * n * (bs + 1) + 2)
         # The last run's list, written over in place (a fresh one per run grew by reallocation as it filled).
         progressions = self._progressions
-        size = len(progressions)
         count = 0
         first_cycle = self._first_cycle
         if len(first_cycle) < 2 * n:
@@ -150,11 +149,7 @@ class DecodeRun:
             first = len(request.block_table) * bs - computed + 1  # first token of a new block
             starts = 0  # the step of the run's first block start in cycle 0 (0: none there)
             if 1 <= first <= num_steps:
-                key = ints[(((first - 1) % bs + 1) * n + index) * 2]
-                if count < size:
-                    progressions[count] = key
-                else:
-                    progressions.append(key)
+                _put(progressions, count, ints[(((first - 1) % bs + 1) * n + index) * 2])
                 count += 1
                 first_cycle[2 * index] = (first - 1) // bs
                 if first <= bs:
@@ -166,14 +161,10 @@ class DecodeRun:
                 # token that completes a block becomes known as the next one starts a block), one allocation
                 # does both: the start's event stands for the two.
                 if first <= num_steps and first != starts:
-                    key = ints[(first * n + index) * 2 + 1]
-                    if count < size:
-                        progressions[count] = key
-                    else:
-                        progressions.append(key)
+                    _put(progressions, count, ints[(first * n + index) * 2 + 1])
                     count += 1
                     first_cycle[2 * index + 1] = 0
-        if count < size:
+        if count < len(progressions):
             del progressions[count:]
         if count > 1:
             progressions.sort()  # a request's two kinds of event on one step sit together: applied once
@@ -358,6 +349,15 @@ class DecodeRun:
         plan = StepPlan(self.scheduler.num_steps - 1, requests, [1] * n, [r.num_computed_tokens - 1 for r in requests])
         plan.sampled = [True] * n
         return plan
+
+
+def _put(items: list[Any], index: int, item: Any) -> None:
+    """``items[index] = item``, or appended when ``index`` is the list's length: a list reused as it is
+    written over from the start (grown only past its longest fill)."""
+    if index < len(items):
+        items[index] = item
+    else:
+        items.append(item)
 
 
 _NEVER: Final = 1 << 60
