@@ -233,7 +233,8 @@ class KVManager:
         walks = self._prefix_walks
         first = hashes[0]
         last = walks.get(first)
-        if last is not None and self.pool.holds_prefix(last[0].blocks, hashes, stop, last[1]):
+        if last is not None and (self.pool.holds_pin(last[0], hashes, stop)
+                                 or self.pool.holds_prefix(last[0].blocks, hashes, stop, last[1])):
             pin = last[0]
             hits += pin.blocks
             self._walked = pin
@@ -246,7 +247,12 @@ class KVManager:
             blocks = hits[start:start + count]
             # The same blocks as the last walk's (a copy made elsewhere voided the answer, not these blocks):
             # the same pin, so that its holders and the ones to come share it.
-            pin = last[0] if last is not None and last[0].blocks == blocks else Pin(blocks)
+            found = hashes[:count]
+            if last is not None and last[0].blocks == blocks:
+                pin = last[0]
+                pin.hashes = found  # what its blocks hold now (evicted and cached anew while it had no holders)
+            else:
+                pin = Pin(blocks, found)
             walks[first] = (pin, self.pool.copies_made)
             self._walked = pin
         else:

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from simulator.core.block_pool import BlockPool
+from simulator.core.block_pool import BlockPool, Pin
 from simulator.core.kv_manager import KVManager
 from simulator.core.request import Request, RequestSpec
 
@@ -400,6 +400,40 @@ def test_holds_prefix_answers_as_a_fresh_walk_would() -> None:
     assert not pool.holds_prefix([a, b], (h0, h1, h2), 3, made)
     made = pool.copies_made
     assert pool.holds_prefix([c, b], (h0, h1, h2), 3, made)  # what a walk finds now
+
+
+def _walk(pool: BlockPool, hashes: tuple[int, ...], cap: int) -> list[int]:
+    """What a lookup of ``hashes`` capped at ``cap`` finds: a walk of the index to its first miss."""
+    found: list[int] = []
+    while len(found) < cap and hashes[len(found)] in pool.cached:
+        found.append(pool.cached[hashes[len(found)]])
+    return found
+
+
+def test_holds_pin_answers_as_a_fresh_walk_would() -> None:
+    """``holds_pin`` (a held pin's blocks answered without reading them) is True only where a walk of the
+    index would find exactly the pin's blocks, and never for a pin nobody holds (its blocks may have been
+    evicted): the lookup's first hashes are the pin's (by value), and the walk stops after them."""
+    h0, h1, h2, other = 1 << 40, (1 << 40) + 1, (1 << 40) + 2, (1 << 40) + 3
+    pool = BlockPool(8)
+    a, b, c, d = pool.get_new_blocks(4)
+    pool.cache_blocks([a, b], [h0, h1])
+    pool.free_blocks([a, b])
+    pin = Pin([a, b], (h0, h1))
+    assert not pool.holds_pin(pin, (h0, h1, h2), 3)  # nobody holds it: only a walk can tell
+    pool.hold(pin)
+    cases = [((h0, h1, h2), 3), ((h0, h1, h2), 2), ((h0, h1), 1), ((h0, other, h2), 3), ((other, h1, h2), 3),
+             ((h0, int(str(h1)), h2), 3)]  # the last: equal to h1, another int object (compared by value)
+    for hashes, cap in cases:
+        assert pool.holds_pin(pin, hashes, cap) == (_walk(pool, hashes, cap) == [a, b]), (hashes, cap)
+    assert pool.holds_pin(pin, (h0, int(str(h1)), h2), 3)
+    pool.cache_blocks([c], [h0])  # a younger copy of h0: a, held, stays the answer
+    assert pool.holds_pin(pin, (h0, h1, h2), 3) and _walk(pool, (h0, h1, h2), 3) == [a, b]
+    pool.cache_blocks([d], [h2])  # the walk goes on past the pin now
+    assert not pool.holds_pin(pin, (h0, h1, h2), 3) and _walk(pool, (h0, h1, h2), 3) == [a, b, d]
+    assert pool.holds_pin(pin, (h0, h1, other), 3)
+    pool.free_table([a, b], pin)  # its last holder gone (a table of the pin's blocks alone)
+    assert pin.holders == 0 and not pool.holds_pin(pin, (h0, h1, other), 3)
 
 
 def test_held_prefix_answers_the_part_still_held() -> None:
