@@ -142,21 +142,33 @@ class DecodeRun:
         if len(first_cycle) < 2 * n:
             first_cycle.extend([0] * (2 * n - len(first_cycle)))
         ctx_sum = 0
+        shift = 1 if self._async else 0  # async: the first step's token is computed
         for index in range(n):  # one pass, plain ints (this runs once per decode run)
             request = requests[index]
             computed = request.num_computed_tokens
             ctx_sum += computed
-            first = len(request.block_table) * bs - computed + 1  # first token of a new block
+            num_held = len(request.block_table)
+            first = num_held * bs - computed + 1  # first token of a new block
             starts = 0  # the step of the run's first block start in cycle 0 (0: none there)
-            if 1 <= first <= num_steps:
-                _put(progressions, count, ints[(((first - 1) % bs + 1) * n + index) * 2])
-                count += 1
-                first_cycle[2 * index] = (first - 1) // bs
-                if first <= bs:
-                    starts = first
-            known = computed - 1 if self._async else computed  # async: the first step's token is computed
-            if request.num_hashed_blocks > known // bs:
-                first = -known % bs or bs  # the step whose token completes a block (becomes known), cycle 0
+            if 1 <= first <= bs:
+                # The usual case (the request holds no block past the one its next token goes in): the step in
+                # cycle 0, and the blocks full of known tokens read off the table, with no division.
+                if first <= num_steps:
+                    _put(progressions, count, ints[(first * n + index) * 2])
+                    count += 1
+                    first_cycle[2 * index] = 0
+                starts = first
+                num_known = num_held - 1 if first > 1 - shift else num_held  # (computed - shift) // bs
+                completes = first - 1 + shift or bs  # -(computed - shift) % bs or bs
+            else:
+                if 1 <= first <= num_steps:
+                    _put(progressions, count, ints[(((first - 1) % bs + 1) * n + index) * 2])
+                    count += 1
+                    first_cycle[2 * index] = (first - 1) // bs
+                num_known = (computed - shift) // bs
+                completes = -(computed - shift) % bs or bs
+            if request.num_hashed_blocks > num_known:
+                first = completes  # the step whose token completes a block (becomes known), cycle 0
                 # On the block start's steps from cycle 0 on (under async scheduling, the usual case: the
                 # token that completes a block becomes known as the next one starts a block), one allocation
                 # does both: the start's event stands for the two.
