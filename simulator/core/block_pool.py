@@ -402,8 +402,6 @@ class BlockPool:
         if not self.enable_caching:
             self.append_new_blocks([table])
             return
-        if self.num_free < 1:
-            raise ValueError("asked for 1 block, 0 free")
         front = self._front
         if front:
             block_id = front.pop()
@@ -419,6 +417,8 @@ class BlockPool:
                 self._grow(start + 1)
             ref[start] = 1
             return
+        if self._num_freed < 1:  # (no block at the front, none never used: the freed ones are all there is)
+            raise ValueError("asked for 1 block, 0 free")
         freed: list[Any] = self._freed
         head: i64 = self._freed_head
         held = freed[head]

@@ -47,7 +47,8 @@ class DecodeRun:
     change the batch)."""
 
     __slots__ = ("_async", "_caching", "_counter_step", "_cursor_cycle", "_cursor_position", "_finish_step",
-                 "_finishing", "_first_cycle", "_next_block_step", "_progressions", "batch", "block_size",
+                 "_finishing", "_first_cycle", "_index_bits", "_next_block_step", "_progressions", "batch",
+                 "block_size",
                  "ctx_sum_start", "num_done", "num_steps", "requests", "scheduler")
 
     def __init__(self, scheduler: Scheduler, num_steps: int) -> None:
@@ -58,6 +59,7 @@ class DecodeRun:
         self.requests: list[Request] = []
         self._progressions: list[Any] = []
         self._first_cycle: list[int] = []
+        self._index_bits: i64 = 0
         self._cursor_cycle = 0
         self._cursor_position = 0
         self._next_block_step: i64 = _NEVER
@@ -126,7 +128,8 @@ class DecodeRun:
         phase + cycle * block_size, phase in 1..block_size, and expanded lazily (most runs are cut after a
         few steps). In cycle m, event (phase, index, cycle) falls on step phase + m * block_size if cycle
         <= m: sorted by (phase, index), one cycle's events come in step order, running order within a step.
-        Each is kept as one int, (phase * n + index) * 2 + kind (sorting ints is several times cheaper than
+        Each is kept as one int, ((phase << bits) + index) * 2 + kind with ``bits`` the batch size's bit length
+        (sorting ints is several times cheaper than
         sorting tuples), its cycle in ``_first_cycle`` at 2 * index + kind (only the entries of listed
         events are read, so the list is never cleared)."""
         requests = self.requests
@@ -134,7 +137,11 @@ class DecodeRun:
         bs = self.block_size
         # Keys as the process's shared int objects (``block_pool.shared_ints``): a key is past 256, and made
         # anew it would be an allocation, and a free as the run ends.
-        ints = shared_ints(2 * n * (bs + 1) + 2)
+        bits: i64 = 1  # the index's field (n's bit length at least): shifts and masks rather than divisions
+        while (1 << bits) <= n:
+            bits += 1
+        self._index_bits = bits
+        ints = shared_ints(((bs + 1) << bits) * 2 + 2)
         # The last run's list, written over in place (a fresh one per run grew by reallocation as it filled).
         progressions = self._progressions
         count = 0
@@ -154,7 +161,7 @@ class DecodeRun:
                 # The usual case (the request holds no block past the one its next token goes in): the step in
                 # cycle 0, and the blocks full of known tokens read off the table, with no division.
                 if first <= num_steps:
-                    _put(progressions, count, ints[(first * n + index) * 2])
+                    _put(progressions, count, ints[((first << bits) + index) * 2])
                     count += 1
                     first_cycle[2 * index] = 0
                 starts = first
@@ -162,7 +169,7 @@ class DecodeRun:
                 completes = first - 1 + shift or bs  # -(computed - shift) % bs or bs
             else:
                 if 1 <= first <= num_steps:
-                    _put(progressions, count, ints[(((first - 1) % bs + 1) * n + index) * 2])
+                    _put(progressions, count, ints[((((first - 1) % bs + 1) << bits) + index) * 2])
                     count += 1
                     first_cycle[2 * index] = (first - 1) // bs
                 num_known = (computed - shift) // bs
@@ -173,7 +180,7 @@ class DecodeRun:
                 # token that completes a block becomes known as the next one starts a block), one allocation
                 # does both: the start's event stands for the two.
                 if first <= num_steps and first != starts:
-                    _put(progressions, count, ints[(first * n + index) * 2 + 1])
+                    _put(progressions, count, ints[((first << bits) + index) * 2 + 1])
                     count += 1
                     first_cycle[2 * index + 1] = 0
         if count < len(progressions):
@@ -193,7 +200,8 @@ class DecodeRun:
         if not progressions:
             return
         bs = self.block_size
-        n = self.batch
+        bits: i64 = self._index_bits
+        mask: i64 = (1 << bits) - 1
         first_cycle = self._first_cycle
         cycle = self._cursor_cycle
         position = self._cursor_position
@@ -208,17 +216,17 @@ class DecodeRun:
                 break
             while position < count:
                 key: int = progressions[position]
-                slot = key >> 1  # phase * n + index
-                phase = slot // n
+                slot = key >> 1  # (phase << bits) + index
+                phase = slot >> bits
                 if phase + base > step:
                     self._cursor_cycle = cycle
                     self._cursor_position = position
                     return
-                index = slot - phase * n
+                index = slot & mask
                 position += 1
                 if first_cycle[2 * index + (key & 1)] > cycle:
                     continue  # this kind of event of the request begins in a later cycle
-                event: i64 = slot + base * n  # (phase + base) * n + index: step j = phase + base, then index
+                event: i64 = slot + (base << bits)  # ((phase + base) << bits) + index: step j, then index
                 if event == previous:
                     continue  # both kinds of event of one request on one step: one allocation
                 previous = event

@@ -48,6 +48,24 @@ def test_append_new_blocks_hands_out_what_get_new_blocks_would(ops: list[tuple[b
         assert by_tables.free_queue == by_list.free_queue and by_tables.num_free == by_list.num_free
 
 
+def test_append_new_block_refuses_when_nothing_is_free() -> None:
+    """A decode token's block (``append_new_block``, with caching) is refused, the table untouched, when every
+    block is referenced: none at the front, none never used, and the freed queue holding only a stale entry
+    (a prefix hit took its block back); the next block freed is handed out."""
+    pool = BlockPool(2)
+    a, b = pool.get_new_blocks(2)
+    pool.cache_blocks([a], [1 << 40])
+    pool.free_blocks([a])
+    pool.touch([a])
+    table = [b]
+    with pytest.raises(ValueError, match="0 free"):
+        pool.append_new_block(table)
+    assert table == [b] and pool.num_free == 0
+    pool.free_blocks([a])  # cached: to the freed queue, behind its stale entry
+    pool.append_new_block(table)
+    assert table == [b, a] and pool.num_evictions == 1 and pool.num_free == 0
+
+
 def test_free_order_is_lru_and_reverse_within_a_request() -> None:
     pool = BlockPool(6, unhashed_first=False)  # the older order: every freed block to the tail
     a = pool.get_new_blocks(3)  # ids 0 1 2
