@@ -346,16 +346,21 @@ class BlockPool:
     def get_cached_block(self, block_hash: int) -> int | None:
         return self.cached.get(block_hash)
 
-    def get_new_blocks(self, num_blocks: int) -> list[int]:
+    def get_new_blocks(self, num_blocks: int, into: list[int] | None = None) -> list[int]:
         """Pop blocks from the head of the free order (least recently freed first), evicting their hashes;
-        without caching, the most recently freed first."""
+        without caching, the most recently freed first. ``into``: appended to that list (a request's table)
+        and it is returned, rather than a new list the caller would copy over."""
         if num_blocks > self.num_free:
             raise ValueError(f"asked for {num_blocks} blocks, {self.num_free} free")
         start = self._num_handed
         if not self.enable_caching:
-            return self._pop_stack(num_blocks) if num_blocks > 0 else []
+            if into is None:
+                return self._pop_stack(num_blocks) if num_blocks > 0 else []
+            if num_blocks > 0:
+                into += self._pop_stack(num_blocks)
+            return into
         ref = self._ref
-        out: list[int] = []
+        out: list[int] = [] if into is None else into
         front = self._front
         if front:
             take = min(num_blocks, len(front))

@@ -449,7 +449,7 @@ class KVManager:
                 self.pool.touch(new_computed_blocks, -1, start)
             blocks.extend(new_computed_blocks)
         if to_pop:
-            blocks.extend(self.pool.get_new_blocks(to_pop))
+            self.pool.get_new_blocks(to_pop, blocks)
         if self.enable_caching and request.num_hashed_blocks:
             if pin is not None:
                 # The pin's blocks are the index's answers, each holding its hash (held now: none is evicted),

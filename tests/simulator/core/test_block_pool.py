@@ -48,6 +48,56 @@ def test_append_new_blocks_hands_out_what_get_new_blocks_would(ops: list[tuple[b
         assert by_tables.free_queue == by_list.free_queue and by_tables.num_free == by_list.num_free
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 6)), max_size=40), st.integers(4, 24), st.booleans())
+def test_get_new_blocks_into_a_table_appends_what_a_new_list_would_hold(ops: list[tuple[int, int]], num_blocks: int,
+                                                                      caching: bool) -> None:
+    """``get_new_blocks(n, into=table)`` appends to the table the very blocks, in order, that
+    ``get_new_blocks(n)`` returns, and leaves the pool the same: through never-used blocks, the freed
+    queue (hashed blocks evicted, stale entries passed over), runs of marked blocks and, without caching,
+    the stack; a refusal leaves the table untouched."""
+    by_list, by_table = BlockPool(num_blocks, enable_caching=caching), BlockPool(num_blocks, enable_caching=caching)
+    held: list[list[int]] = []
+    next_hash = 1 << 40
+    for kind, n in ops:
+        if kind == 0 and held:  # free a table: hashed (queued, evictable) or plain (to the front)
+            blocks = held.pop(n % len(held))
+            if caching and n % 2:
+                hashes = list(range(next_hash, next_hash + len(blocks)))
+                next_hash += len(blocks)
+                for pool in (by_list, by_table):
+                    pool.cache_blocks(blocks, hashes)
+            if caching and n % 3 == 0 and len(blocks) > 1:  # finished: its blocks as one marked run
+                for pool in (by_list, by_table):
+                    pool.cache_range(blocks, tuple(range(len(blocks))), 0, len(blocks), 0)
+                    pool.free_marked_table(list(blocks), 0, len(blocks))
+            else:
+                for pool in (by_list, by_table):
+                    pool.free_blocks(blocks[::-1])
+            continue
+        if kind == 1 and caching and by_list.cached:  # a prefix hit takes a queued block back
+            hit = next(iter(by_list.cached.values()))
+            if by_list.ref_count(hit) == 0:
+                for pool in (by_list, by_table):
+                    pool.touch([hit])
+                held.append([hit])
+            continue
+        table = [7, 8]
+        if n > by_list.num_free:
+            with pytest.raises(ValueError):
+                by_list.get_new_blocks(n)
+            with pytest.raises(ValueError):
+                by_table.get_new_blocks(n, table)
+            assert table == [7, 8]
+            continue
+        expected = by_list.get_new_blocks(n)
+        assert by_table.get_new_blocks(n, table) is table
+        assert table == [7, 8, *expected]
+        held.append(expected)
+        assert (by_table.free_queue, by_table.num_free, by_table.num_evictions, by_table.cached) == (
+            by_list.free_queue, by_list.num_free, by_list.num_evictions, by_list.cached)
+
+
 def test_append_new_block_refuses_when_nothing_is_free() -> None:
     """A decode token's block (``append_new_block``, with caching) is refused, the table untouched, when every
     block is referenced: none at the front, none never used, and the freed queue holding only a stale entry
