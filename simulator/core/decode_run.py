@@ -48,8 +48,7 @@ class DecodeRun:
 
     __slots__ = ("_async", "_caching", "_counter_step", "_cursor_cycle", "_cursor_position", "_finish_step",
                  "_finishing", "_first_cycle", "_index_bits", "_next_block_step", "_progressions", "batch",
-                 "block_size",
-                 "ctx_sum_start", "num_done", "num_steps", "requests", "scheduler")
+                 "block_size", "ctx_sum_start", "num_done", "num_steps", "requests", "scheduler")
 
     def __init__(self, scheduler: Scheduler, num_steps: int) -> None:
         self.scheduler = scheduler
@@ -129,9 +128,8 @@ class DecodeRun:
         few steps). In cycle m, event (phase, index, cycle) falls on step phase + m * block_size if cycle
         <= m: sorted by (phase, index), one cycle's events come in step order, running order within a step.
         Each is kept as one int, ((phase << bits) + index) * 2 + kind with ``bits`` the batch size's bit length
-        (sorting ints is several times cheaper than
-        sorting tuples), its cycle in ``_first_cycle`` at 2 * index + kind (only the entries of listed
-        events are read, so the list is never cleared)."""
+        (sorting ints is several times cheaper than sorting tuples), its cycle in ``_first_cycle`` at
+        2 * index + kind (only the entries of listed events are read, so the list is never cleared)."""
         requests = self.requests
         n = self.batch
         bs = self.block_size
