@@ -1,5 +1,5 @@
 """The SimPy clock as the replicas and the arrival feed drive it: one reusable event per owner (``Wake``),
-SimPy's event-id counter as a native iterator, absolute-time scheduling and moving an event earlier
+SimPy's event-id counter as a native iterator, absolute-time scheduling and moving an event
 (``Clock``), the event queue's heap operations compiled, and ``run_until``, SimPy's own loop with the
 fleet's events dispatched inline.
 
@@ -9,6 +9,7 @@ so a fleet can mix in ordinary SimPy processes. On the per-step path: ``fleetsim
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from heapq import heapify, heappop, heappush, heapreplace
 from typing import TYPE_CHECKING, Any, Final
@@ -26,7 +27,7 @@ class Wake:
     """An event on SimPy's queue that calls back one replica method. SimPy's ``Environment.step`` reads
     an event's ``callbacks`` (then sets them to None) and ``_ok``, and calls each callback with the event;
     this is all a ``simpy.Event`` needs to be for that. A cut decode run moves its end event earlier on
-    the queue (``Clock.move_earlier``); an event whose callbacks were replaced by an empty list pops as a
+    the queue (``Clock.move``); an event whose callbacks were replaced by an empty list pops as a
     no-op (the fallback there, for a move to the same time).
 
     ``callbacks`` is a list its owner built once and hands to every event of one kind (SimPy and
@@ -50,12 +51,16 @@ class EventIds:
     ``env.now``): the replicas read the time several times per event, and ``env._now`` is an attribute of
     an interpreted object (a dictionary lookup each time, compiled)."""
 
-    __slots__ = ("dispatching", "live", "next_id", "now")
+    __slots__ = ("dispatching", "live", "next_id", "now", "skipped", "stop_at")
 
     def __init__(self, start: int) -> None:
         self.next_id = start
         self.now = 0.0
         self.live = False
+        self.stop_at = math.inf
+        """While ``run_until`` drives: its ``until`` (infinity for none), where the clock stops."""
+        self.skipped = 0
+        """Events ``Clock.skip_to`` spared (each one SimPy's own loop would have popped)."""
         self.dispatching: tuple[Any, ...] | None = None
         """The queue entry whose callbacks ``run_until`` is running, still at the head of the queue: the
         first event scheduled meanwhile (``Clock.at``) takes its place there (one sift, as
@@ -124,12 +129,41 @@ class Clock:
             heappush(queue, entry)
         return event
 
-    def move_earlier(self, event: Wake, at_s: float) -> Wake:
-        """Reschedule a pending ``event`` at ``at_s`` (<= its time) as if it were scheduled now (with a
-        new id, so ties order as they would for a new event); returns the event that now fires. Strictly
-        earlier, the entry is replaced in place and sifted toward the root: a cut decode run moves its end
-        event this way rather than leaving it on the queue as a no-op, so the queue stays as short as the
-        replicas' live events. At the same time, the old event becomes a no-op and a new one is made."""
+    def skip_to(self, at_s: float) -> bool:
+        """Inside the callbacks of the event ``run_until`` is dispatching, before they schedule anything:
+        move the clock on to ``at_s`` (> now) if nothing else is due by then (no event on the queue at or
+        before it, and the clock does not stop there), as if the event had been scheduled at ``at_s``; True
+        if it did. A decode run's end event fires at a bound on its end and goes on from the exact end this
+        way (``StepEnds.end_floor``), without a second event; False, the caller schedules one there."""
+        eids = self._eid
+        queue = self._queue
+        head = eids.dispatching
+        if not eids.live or head is None or not queue or queue[0] is not head or not at_s < eids.stop_at:
+            return False
+        # The earliest other event is one of the head's children.
+        size = len(queue)
+        if size > 1:
+            child: tuple[Any, ...] = queue[1]
+            child_at: float = child[0]
+            if not child_at > at_s:
+                return False
+            if size > 2:
+                child = queue[2]
+                child_at = child[0]
+                if not child_at > at_s:
+                    return False
+        eids.now = at_s
+        self.env._now = at_s
+        eids.skipped += 1
+        return True
+
+    def move(self, event: Wake, at_s: float) -> Wake:
+        """Reschedule a pending ``event`` at ``at_s`` (>= now) as if it were scheduled now (with a new id, so
+        ties order as they would for a new event); returns the event that now fires. Earlier, the entry is
+        replaced in place and sifted toward the root: a cut decode run moves its end event this way rather
+        than leaving it on the queue as a no-op, so the queue stays as short as the replicas' live events.
+        At the same time or later (a run's end event at a bound before its end, ``StepEnds.end_floor``, cut
+        by an arrival at that very time), the old event becomes a no-op and a new one is made."""
         queue = self._queue
         # From the back: the events moved are decode runs' ends, later than most on the queue, so they sit
         # deep in the heap (a heap keeps half its entries in the last level).
@@ -142,14 +176,12 @@ class Clock:
                 if at_s < old_at:
                     _sift_toward_root(queue, pos, (at_s, _NORMAL, self._eid.take(), event))
                     return event
-                if at_s > old_at:
-                    raise ValueError(f"move_earlier: {at_s} is later than the event's time {old_at}")
                 callbacks = event.callbacks
                 if callbacks is None:
                     break
                 event.callbacks = []
                 return self.at(at_s, callbacks)
-        raise RuntimeError("move_earlier: the event is not on the queue (it has fired)")
+        raise RuntimeError("move: the event is not on the queue (it has fired)")
 
 
 def event_ids(env: simpy.Environment) -> EventIds:
@@ -278,7 +310,8 @@ def run_until(env: simpy.Environment, until: float | None = None) -> int:
     scheduled) goes through ``env.step()`` itself, so a fleet can mix in ordinary SimPy processes.
     ``until`` stops the clock where SimPy's urgent until-event would: before the events due at ``until``
     that are not urgent and older than the call, and leaves ``env.now`` at ``until``. Returns the number
-    of events processed (what ``Environment.step`` would have been called for).
+    of events processed (what ``Environment.step`` would have been called for: with the events
+    ``Clock.skip_to`` spared, which SimPy's loop, where it does not skip, pops as events of their own).
     """
     queue: list[tuple[Any, ...]] = env._queue  # (time, priority, id, event): see heap_push
     eids = event_ids(env)
@@ -293,8 +326,11 @@ def run_until(env: simpy.Environment, until: float | None = None) -> int:
     step = env.step
     processed = 0
     was_live = eids.live
+    was_stop = eids.stop_at
+    skipped_before = eids.skipped
     eids.now = env._now
     eids.live = True
+    eids.stop_at = stop[0] if bounded else math.inf
     try:
         while queue:
             head = queue[0]
@@ -323,8 +359,9 @@ def run_until(env: simpy.Environment, until: float | None = None) -> int:
             env._now = stop[0]
     finally:
         eids.live = was_live
+        eids.stop_at = was_stop
         eids.now = env._now
         dispatching = eids.release()
         if dispatching is not None:  # a callback raised: leave the queue as SimPy would have it
             _drop(queue, dispatching)
-    return processed
+    return processed + (eids.skipped - skipped_before)

@@ -274,10 +274,11 @@ class Replica:
 
     def _start_run(self, num_steps: int, first: StepPlan | None = None) -> None:
         """Start a decode run of ``num_steps`` steps (async: decisions, each scheduling the step after the
-        one in flight) now; its end event is its last step's end. ``first``: async, the queued step the run
-        begins with (``steady_async_steps``), which may hold prompts: priced as ``_start`` prices a step,
-        and its first tokens logged now, for when it ends (the run applies its update as a decode's: every
-        row samples a token)."""
+        one in flight) now; its end event is at a bound on its last step's end (``StepEnds.end_floor``: the
+        exact end is walked to only if the run gets there uncut, ``_on_run_end``). ``first``: async, the
+        queued step the run begins with (``steady_async_steps``), which may hold prompts: priced as
+        ``_start`` prices a step, and its first tokens logged now, for when it ends (the run applies its
+        update as a decode's: every row samples a token)."""
         scheduler = self.scheduler
         active = self._run
         if active is None:
@@ -296,7 +297,8 @@ class Replica:
         active.ends.reset(self.cost_model, run.batch, run.ctx_sum_start, num_steps, start, first_s)
         self._run_state = active
         active.advance(start)  # the first step is scheduled now
-        self._event = self.clock.at(active.ends.last_end, self._run_end_callbacks, self._event)
+        active.end_at = active.ends.end_floor
+        self._event = self.clock.at(active.end_at, self._run_end_callbacks, self._event)
 
     def _first_step(self, plan: StepPlan, start: float, active: _ActiveRun) -> float:
         """A run's first step, queued (``_start_run``): what ``_start`` does for it (admissions logged, its
@@ -442,7 +444,13 @@ class Replica:
                 self._settle(active)
             self._on_tail_end()  # (settled before, by a sync)
             return
-        self._close_run(active, active.ends.end(active.run.num_steps))
+        end = active.ends.end(active.run.num_steps)
+        if end > self.clock.now() and not self.clock.skip_to(end):
+            # The planned run's bound on its end, and something else is due before the exact end: go on there.
+            active.end_at = end
+            self._event = self.clock.at(end, self._run_end_callbacks, self._event)
+            return
+        self._close_run(active, end)
         if self.on_step_ended is not None:
             self.on_step_ended(self)
         if self._async:
@@ -573,8 +581,8 @@ class _ActiveRun:
     the series when it ends, so a step is applied once its start has passed and sampled at its end.
     """
 
-    __slots__ = ("cut", "cut_on_arrival", "ends", "first_tokens", "num_sampled", "replica", "run", "settle_s",
-                 "start")
+    __slots__ = ("cut", "cut_on_arrival", "end_at", "ends", "first_tokens", "num_sampled", "replica", "run",
+                 "settle_s", "start")
 
     def __init__(self, replica: Replica, run: DecodeRun) -> None:
         self.replica = replica
@@ -584,6 +592,8 @@ class _ActiveRun:
         self.cut_on_arrival = False
         self.cut = False
         self.num_sampled = 0
+        self.end_at = 0.0
+        """When the replica's event for the run's end is due (``Replica._start_run``; a cut moves it)."""
         self.settle_s = _NO_TAIL
         """A cut with a tail: the run's (new) last step's end, where its end work is due (``Replica._settle``)."""
         self.first_tokens: list[int] = []
@@ -632,10 +642,13 @@ class _ActiveRun:
         if replica._tail_ok():
             self.settle_s = ends.end(last)
             at = ends.end(last + 1)
-            if at < ends.last_end:  # else the handed-back step is the planned run's last: its end stands
-                replica._event = replica.clock.move_earlier(event, at)
+            # Unless the handed-back step is the planned run's last and the event is at its end already (it may
+            # be at a bound before it: ``_start_run``), the event goes to that step's end (later than the bound
+            # only for an arrival at the very time of the bound).
+            if at < ends.end_floor or at < ends.last_end() or self.end_at != at:
+                replica._event = replica.clock.move(event, at)
             return
-        replica._event = replica.clock.move_earlier(event, ends.end(last))
+        replica._event = replica.clock.move(event, ends.end(last))
 
     def advance(self, now: float) -> None:
         """Apply every step of the run that has started by ``now``; sample the ones that have ended."""
@@ -667,7 +680,7 @@ class _ActiveRun:
             next_sample_s = series.next_sample_s
             # Step last + 1 ends before the grid point: no step up to last is needed (no search). The whole
             # planned run ending before it says so without walking to that step (the usual case).
-            if last < ends.num_steps and (ends.last_end < next_sample_s or ends.end(last + 1) < next_sample_s):
+            if last < ends.num_steps and (ends.end_ceiling < next_sample_s or ends.end(last + 1) < next_sample_s):
                 return
             j = ends.ended_before(next_sample_s)
             if j <= self.num_sampled:

@@ -172,6 +172,7 @@ def test_decode_step_ends_equal_a_step_by_step_clock(
 
 _query = st.one_of(
     st.tuples(st.just("end"), st.integers(0, 40)),
+    st.tuples(st.just("last"), st.just(0)),
     st.tuples(st.just("by"), st.floats(-0.05, 1.2)),
     st.tuples(st.just("before"), st.floats(-0.05, 1.2)),
 )
@@ -207,10 +208,13 @@ def test_step_ends_answer_as_the_list_of_ends_would(
         walker.reset(model, batch + 3, ctx + 7, steps + 5, 0.0, -1.0 if first is not None else 0.01)
         walker.ended_by(0.5)
     walker.reset(model, batch, ctx, steps, start, -1.0 if first is None else first)
-    assert walker.last_end == (ends[-1] if ends else start)
+    last = ends[-1] if ends else start
+    assert walker.end_floor <= last <= walker.end_ceiling
     scale = ends[-1] - start if ends and ends[-1] > start else 1.0
     for kind, value in queries:
-        if kind == "end":
+        if kind == "last":  # the exact end, walked to aside: the cursor stays for the next question
+            assert walker.last_end() == last
+        elif kind == "end":
             step = int(value) % (steps + 1)
             assert walker.end(step) == ([start, *ends][step])
         elif kind == "by":
@@ -225,6 +229,56 @@ def test_step_ends_answer_as_the_list_of_ends_would(
             if ends:
                 tie = ends[int(value * 1000) % len(ends)]
                 assert walker.ended_before(tie) == bisect.bisect_left(ends, tie)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    batch=st.integers(0, 300),
+    ctx=st.integers(0, 2_000_000),
+    steps=st.integers(0, 150),
+    start=st.floats(0.0, 1e6),
+    overlap=st.booleans(),
+    buckets=st.booleans(),
+    floor=st.sampled_from([0.0, 0.03, 1e-4]),
+    host=st.sampled_from([None, 1e-3, 0.05]),
+    first=st.one_of(st.none(), st.floats(0.0, 0.05)),
+    factor=st.sampled_from([1.0, 1.1, 0.37]),
+)
+def test_a_runs_last_end_lies_in_its_closed_form_bracket(
+    batch: int, ctx: int, steps: int, start: float, overlap: bool, buckets: bool, floor: float, host: float | None,
+    first: float | None, factor: float,
+) -> None:
+    """``reset`` brackets the last step's end without walking to it (most runs are cut first): the exact end,
+    added up one step at a time, lies between ``end_floor`` and ``end_ceiling``, which are a few ulps apart;
+    host time above or below the device time (overlapping: a max that switches), and steps held at the eager
+    floor for part of the run (small batches are replayed as graphs, large ones are not)."""
+    device = BASE.device_s.model_copy(update={"eager_floor_s": floor if buckets else 0.0})
+    host_s = BASE.host_s if host is None else BASE.host_s.model_copy(update={"h0_s": host})
+    profile = _profile(device_s=device, host_s=host_s, overlap_host=overlap,
+                       cuda_graph_batch_sizes=(1, 8, 64, 256) if buckets else ())
+    model = CostModel(profile).scale(factor)
+    if first is not None and steps:
+        exact = [start + first, *model.decode_step_ends(batch, ctx + batch, steps - 1, start + first)]
+    else:
+        exact = model.decode_step_ends(batch, ctx, steps, start)
+    last = exact[-1] if exact else start
+    ends = StepEnds()
+    ends.reset(model, batch, ctx, steps, start, -1.0 if first is None else first)
+    assert ends.end_floor <= last <= ends.end_ceiling
+    assert ends.end_ceiling - ends.end_floor <= 1e-12 * (last + 1.0)
+    assert ends.last_end() == last
+    assert ends.end_floor == last == ends.end_ceiling  # known now: the bracket closes on it
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=st.floats(-10.0, 10.0), b=st.floats(-1.0, 1.0), floor=st.floats(-5.0, 5.0), count=st.integers(0, 400))
+def test_the_closed_form_sum_of_clamped_affine_terms_adds_them_up(a: float, b: float, floor: float,
+                                                                  count: int) -> None:
+    from simulator.cost.cost_model import _sum_max_affine
+
+    terms = [max(a + b * i, floor) for i in range(count)]
+    scale = sum(abs(t) for t in terms) + abs(a) + abs(b) * count + abs(floor) + 1.0
+    assert _sum_max_affine(a, b, floor, count) == pytest.approx(math.fsum(terms), abs=1e-12 * count * scale)
 
 
 def test_decode_times_degenerate() -> None:

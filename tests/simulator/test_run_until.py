@@ -136,18 +136,19 @@ def test_the_native_heap_is_heapq(ops: list[tuple[float, int, str]]) -> None:
 
 
 @given(st.lists(st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0, 2.5]), min_size=1, max_size=40), st.data())
-def test_moving_an_event_earlier_keeps_the_queue_a_heap(times: list[float], data: st.DataObject) -> None:
-    """Clock.move_earlier on a queue of events: the moved event pops at its new time, as a new event at that
-    time would (a fresh id), every other event is untouched, and the queue stays a valid heap for SimPy."""
+def test_moving_an_event_keeps_the_queue_a_heap(times: list[float], data: st.DataObject) -> None:
+    """Clock.move on a queue of events: the moved event pops at its new time, as a new event at that time
+    would (a fresh id), earlier or later, every other event is untouched, and the queue stays a valid heap
+    for SimPy."""
     env = simpy.Environment()
     clock = Replica(env, 0, SchedulerConfig(num_blocks=8), CostModel(load_profile(PROFILE)), RequestLog(1),
                     ReplicaSeries(0, 1.0)).clock
     fired: list[int] = []
     events = [clock.at(t, [lambda _event, i=i: fired.append(i)]) for i, t in enumerate(times)]
     index = data.draw(st.integers(0, len(times) - 1))
-    new_at = data.draw(st.sampled_from([t for t in (0.0, 0.25, 1.0, 2.5) if t <= times[index]]))
-    moved = clock.move_earlier(events[index], new_at)
-    assert (moved is events[index]) == (new_at < times[index])  # same time: a fresh event, the old a no-op
+    new_at = data.draw(st.sampled_from([0.0, 0.25, 1.0, 2.5, 3.0]))
+    moved = clock.move(events[index], new_at)
+    assert (moved is events[index]) == (new_at < times[index])  # not earlier: a fresh event, the old a no-op
     queue = env._queue
     assert all(not queue[child] < queue[(child - 1) // 2] for child in range(1, len(queue)))
     expected = sorted((times[i] if i != index else new_at, i if i != index else len(times), i)
@@ -155,7 +156,30 @@ def test_moving_an_event_earlier_keeps_the_queue_a_heap(times: list[float], data
     env.run()
     assert fired == [i for _, _, i in expected]
     with pytest.raises(RuntimeError, match="not on the queue"):
-        clock.move_earlier(events[index], 0.0)
+        clock.move(events[index], 0.0)
+
+
+def test_skipping_the_clock_on_inside_an_event_happens_only_when_nothing_is_due_by_then() -> None:
+    """Clock.skip_to, from an event's callbacks: the clock moves on (everything reading it sees the new
+    time) when no other event is due by then and the run does not stop before; otherwise it stays put and
+    says so. Later events fire as before."""
+    env = simpy.Environment()
+    clock = Replica(env, 0, SchedulerConfig(num_blocks=8), CostModel(load_profile(PROFILE)), RequestLog(1),
+                    ReplicaSeries(0, 1.0)).clock
+    seen: list[tuple[str, float, bool]] = []
+
+    def skipper(name: str, to: float):
+        return lambda _e: seen.append((name, clock.now(), clock.skip_to(to))) or seen.append((name, env.now, True))
+
+    clock.at(1.0, [skipper("a", 1.5)])  # nothing due by 1.5: moves on
+    clock.at(2.0, [skipper("b", 3.0)])  # c is due at 3.0 (a tie): stays
+    clock.at(3.0, [skipper("c", 3.5)])
+    clock.at(4.0, [skipper("d", 5.0)])  # the run stops at 4.5: stays
+    assert clock.skip_to(0.5) is False  # outside run_until
+    run_until(env, 4.5)
+    assert seen == [("a", 1.0, True), ("a", 1.5, True), ("b", 2.0, False), ("b", 2.0, True),
+                    ("c", 3.0, True), ("c", 3.5, True), ("d", 4.0, False), ("d", 4.0, True)]
+    assert env.now == 4.5
 
 
 def test_an_event_is_reused_only_once_it_has_fired() -> None:
@@ -171,7 +195,7 @@ def test_an_event_is_reused_only_once_it_has_fired() -> None:
     run_until(env, 1.5)
     third = clock.at(3.0, [lambda _e: fired.append(("third", env.now))], reuse=first)
     assert third is first  # fired: taken again, with its new callbacks
-    moved = clock.move_earlier(second, 2.0)  # same time: second stays queued as a no-op
+    moved = clock.move(second, 2.0)  # same time: second stays queued as a no-op
     fourth = clock.at(4.0, [lambda _e: fired.append(("fourth", env.now))], reuse=second)
     assert fourth is not second and moved is not second
     run_until(env)
