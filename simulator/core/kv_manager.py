@@ -502,8 +502,13 @@ class KVManager:
             return True
         if request.num_output_placeholders:
             # Async scheduling: ``allocate`` indexes only blocks full of tokens already known.
-            known = min(computed + 1, request.num_prompt_tokens + request.num_output_tokens)
-            return min(known // bs, request.num_hashed_blocks) <= request.num_indexed_blocks
+            # min() spelled out (here and below, per decode row: a builtin call each, interpreted).
+            known = request.num_prompt_tokens + request.num_output_tokens
+            if computed + 1 < known:
+                known = computed + 1
+            num_full = known // bs
+            hashed = request.num_hashed_blocks
+            return (num_full if num_full < hashed else hashed) <= request.num_indexed_blocks
         return (computed + 1) % bs != 0
 
     def append_decode_token(self, request: Request, position: int, num_tokens: int) -> None:
@@ -522,7 +527,10 @@ class KVManager:
         indexes for a request that the next decision leaves out (its last token is in flight), as a decode
         run applies that decision."""
         if self.enable_caching:
-            num_full = min(num_tokens // self.block_size, request.num_hashed_blocks)
+            num_full = num_tokens // self.block_size
+            hashed = request.num_hashed_blocks
+            if hashed < num_full:
+                num_full = hashed
             start = request.num_indexed_blocks
             if num_full > start:
                 self.pool.cache_range(request.block_table, request.block_hashes, start, num_full, request.mark_from)
@@ -555,7 +563,11 @@ class KVManager:
                 self._cache_until(request, request.block_table, num_done)
 
     def _cache_until(self, request: Request, blocks: list[int], num_done: int) -> None:
-        num_full = min(min(num_done, request.num_tokens) // self.block_size, request.num_hashed_blocks)
+        num_tokens = request.num_tokens
+        num_full = (num_done if num_done < num_tokens else num_tokens) // self.block_size
+        hashed = request.num_hashed_blocks
+        if hashed < num_full:
+            num_full = hashed
         start = request.num_indexed_blocks
         if num_full <= start:
             return
