@@ -349,7 +349,9 @@ class Scheduler:
         """Async scheduling: a running request's sampled token has been delivered (its output counted): its
         placeholder goes, and the blocks its known tokens fill are indexed."""
         request.num_output_placeholders -= 1
-        self.kv.cache_known_blocks(request)
+        kv = self.kv
+        if kv.enable_caching:  # (else nothing to index: no call per row, interpreted)
+            kv.cache_known_blocks(request)
 
     def _drop_finished(self) -> None:
         """The running list without the requests just finished, in place (a new list per finish grew by
