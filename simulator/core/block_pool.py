@@ -416,7 +416,8 @@ class BlockPool:
         start = self._num_handed
         if start < self.num_blocks:
             self._num_handed = start + 1
-            table.append(shared_ints(start + 1)[start])
+            ints = _INTS  # (the shared ints usually reach it: no call)
+            table.append(ints[start] if start < len(ints) else shared_ints(start + 1)[start])
             ref = self._ref
             if start >= len(ref):
                 self._grow(start + 1)

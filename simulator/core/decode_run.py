@@ -143,6 +143,7 @@ class DecodeRun:
         # The last run's list, written over in place (a fresh one per run grew by reallocation as it filled).
         progressions = self._progressions
         count = 0
+        capacity = len(progressions)  # written by index below it, appended to past it
         first_cycle = self._first_cycle
         if len(first_cycle) < 2 * n:
             first_cycle.extend([0] * (2 * n - len(first_cycle)))
@@ -159,7 +160,12 @@ class DecodeRun:
                 # The usual case (the request holds no block past the one its next token goes in): the step in
                 # cycle 0, and the blocks full of known tokens read off the table, with no division.
                 if first <= num_steps:
-                    _put(progressions, count, ints[((first << bits) + index) * 2])
+                    key = ints[((first << bits) + index) * 2]
+                    if count < capacity:
+                        progressions[count] = key
+                    else:
+                        progressions.append(key)
+                        capacity += 1
                     count += 1
                     first_cycle[2 * index] = 0
                 starts = first
@@ -167,7 +173,12 @@ class DecodeRun:
                 completes = first - 1 + shift or bs  # -(computed - shift) % bs or bs
             else:
                 if 1 <= first <= num_steps:
-                    _put(progressions, count, ints[((((first - 1) % bs + 1) << bits) + index) * 2])
+                    key = ints[((((first - 1) % bs + 1) << bits) + index) * 2]
+                    if count < capacity:
+                        progressions[count] = key
+                    else:
+                        progressions.append(key)
+                        capacity += 1
                     count += 1
                     first_cycle[2 * index] = (first - 1) // bs
                 num_known = (computed - shift) // bs
@@ -178,10 +189,15 @@ class DecodeRun:
                 # token that completes a block becomes known as the next one starts a block), one allocation
                 # does both: the start's event stands for the two.
                 if first <= num_steps and first != starts:
-                    _put(progressions, count, ints[((first << bits) + index) * 2 + 1])
+                    key = ints[((first << bits) + index) * 2 + 1]
+                    if count < capacity:
+                        progressions[count] = key
+                    else:
+                        progressions.append(key)
+                        capacity += 1
                     count += 1
                     first_cycle[2 * index + 1] = 0
-        if count < len(progressions):
+        if count < capacity:
             del progressions[count:]
         if count > 1:
             progressions.sort()  # a request's two kinds of event on one step sit together: applied once
@@ -367,15 +383,6 @@ class DecodeRun:
         plan = StepPlan(self.scheduler.num_steps - 1, requests, [1] * n, [r.num_computed_tokens - 1 for r in requests])
         plan.sampled = [True] * n
         return plan
-
-
-def _put(items: list[Any], index: int, item: Any) -> None:
-    """``items[index] = item``, or appended when ``index`` is the list's length: a list reused as it is
-    written over from the start (grown only past its longest fill)."""
-    if index < len(items):
-        items[index] = item
-    else:
-        items.append(item)
 
 
 _NEVER: Final = 1 << 60

@@ -517,9 +517,20 @@ class KVManager:
         starts one, then the blocks full of known tokens indexed. What a decode run does on the steps where
         a request's KV changes, without setting the request's counters to that step."""
         table = request.block_table
-        if position >= len(table) * self.block_size:
+        bs = self.block_size
+        if position >= len(table) * bs:
             self.pool.append_new_block(table)
-        self.index_known_tokens(request, position + 1 if position < num_tokens else num_tokens)
+        if not self.enable_caching:
+            return
+        # ``index_known_tokens`` spelled out (a call per event fewer, interpreted).
+        num_full = (position + 1 if position < num_tokens else num_tokens) // bs
+        hashed = request.num_hashed_blocks
+        if hashed < num_full:
+            num_full = hashed
+        start = request.num_indexed_blocks
+        if num_full > start:
+            self.pool.cache_range(table, request.block_hashes, start, num_full, request.mark_from)
+            request.num_indexed_blocks = num_full
 
     def index_known_tokens(self, request: Request, num_tokens: int) -> None:
         """The blocks full of a request's first ``num_tokens`` tokens (known, their KV computed or being
