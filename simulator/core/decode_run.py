@@ -80,20 +80,13 @@ class DecodeRun:
             # The requests whose last token the run's last step samples (``steady_async_steps`` ends a run
             # there when the blocks allow): the run's last decision, scheduled as that step starts, leaves
             # them out, and ``finish`` delivers their last tokens and finishes them, as ``update`` would.
+            # Flagged in the pass over the batch below (``_index_events``' with the prefix cache): one pass.
             # Written over in place, grown only past its longest fill (only its first ``batch`` entries are
             # read): cleared and appended to, it was freed and grown again by reallocation per run.
             finishing = self._finishing
             n = len(requests)
             if len(finishing) < n:
                 finishing.extend([False] * (n - len(finishing)))
-            any_finishing = False
-            for index in range(n):
-                request = requests[index]
-                last = request.max_output_tokens - request.num_output_tokens == num_steps
-                finishing[index] = last
-                any_finishing = any_finishing or last
-            if any_finishing:
-                self._finish_step = num_steps
         ctx_sum: i64 = 0
         if self._caching:
             ctx_sum = self._index_events(num_steps)
@@ -105,13 +98,23 @@ class DecodeRun:
             # the earliest of them is kept, so that steps before it cost nothing.
             bs = self.block_size
             next_block_step: i64 = _NEVER
-            for request in requests:
+            flag = self._async
+            finishing = self._finishing
+            any_finishing = False
+            for index in range(len(requests)):
+                request = requests[index]
                 computed = request.num_computed_tokens
                 ctx_sum += computed
                 first = len(request.block_table) * bs - computed + 1
                 if 1 <= first < next_block_step:
                     next_block_step = first
+                if flag:
+                    last = request.max_output_tokens - request.num_output_tokens == num_steps
+                    finishing[index] = last
+                    any_finishing = any_finishing or last
             self._next_block_step = next_block_step
+            if any_finishing:
+                self._finish_step = num_steps
         # Every request attends to the tokens computed before the step plus the new one; under async
         # scheduling the first step's token is already counted computed.
         self.ctx_sum_start: i64 = ctx_sum if self._async else ctx_sum + self.batch
@@ -148,11 +151,18 @@ class DecodeRun:
         if len(first_cycle) < 2 * n:
             first_cycle.extend([0] * (2 * n - len(first_cycle)))
         ctx_sum = 0
-        shift = 1 if self._async else 0  # async: the first step's token is computed
+        flag = self._async
+        shift = 1 if flag else 0  # async: the first step's token is computed
+        finishing = self._finishing
+        any_finishing = False
         for index in range(n):  # one pass, plain ints (this runs once per decode run)
             request = requests[index]
             computed = request.num_computed_tokens
             ctx_sum += computed
+            if flag:  # (``restart``)
+                last = request.max_output_tokens - request.num_output_tokens == num_steps
+                finishing[index] = last
+                any_finishing = any_finishing or last
             num_held = len(request.block_table)
             first = num_held * bs - computed + 1  # first token of a new block
             starts = 0  # the step of the run's first block start in cycle 0 (0: none there)
@@ -201,6 +211,8 @@ class DecodeRun:
             del progressions[count:]
         if count > 1:
             progressions.sort()  # a request's two kinds of event on one step sit together: applied once
+        if any_finishing:
+            self._finish_step = num_steps
         self._cursor_cycle = 0
         self._cursor_position = 0
         """(cycle, position in the progressions) of the next event not yet applied."""
