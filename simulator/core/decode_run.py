@@ -361,22 +361,27 @@ class DecodeRun:
         scheduling, those of a run that ends with the step sampling them, not cut short)."""
         num_steps = self.num_steps
         self.advance_to(num_steps)
-        self.set_counters(num_steps)
         self.scheduler.account_steps(num_steps)
-        if not self._async:
-            return self.scheduler.retire_finished(self.requests)
-        if num_steps != self._finish_step:
+        if not self._async or num_steps != self._finish_step:
+            self.set_counters(num_steps)
+            if not self._async:
+                return self.scheduler.retire_finished(self.requests)
             return []
+        # ``set_counters(num_steps)`` in the pass that takes out the finishing requests (one pass, not two).
+        delta = num_steps - self._counter_step
+        self._counter_step = num_steps
         requests = self.requests
         finishing = self._finishing
         finished: list[Request] = []
         kept = 0
         for index in range(len(requests)):
             request = requests[index]
+            request.num_output_tokens += delta
             if finishing[index]:
-                request.num_computed_tokens -= 1  # not in the last decision (set_counters moved every request)
+                request.num_computed_tokens += delta - 1  # not in the last decision
                 finished.append(request)
             else:
+                request.num_computed_tokens += delta
                 if kept != index:
                     requests[kept] = request
                 kept += 1

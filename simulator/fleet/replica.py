@@ -531,9 +531,9 @@ class Replica:
         # ``_start`` prices its shape (each row attends to its computed tokens, its new one included).
         requests = run.requests  # the run's own list (it takes a new one when it restarts)
         n = len(requests)
-        decode_ctx = 0
-        for request in requests:
-            decode_ctx += request.num_computed_tokens
+        # Each row's computed tokens, added up: the run's first step's sum moved k tokens a row (a run cut with a
+        # tail finishes none of its requests: its last step is before the planned one's).
+        decode_ctx = run.ctx_sum_start + k * n
         step_s = self.cost_model.time_of(n, n, n, decode_ctx, 0, 0.0, 0)
         if end + step_s != active.ends.end(k + 1):
             raise RuntimeError(f"replica {self.replica_id}: a cut run's tail ends off its step's end")
