@@ -320,6 +320,8 @@ class Scheduler:
         finished: list[Request] = []
         any_stopped = bool(stopped_ids)
         any_running = False
+        kv = self.kv
+        caching = kv.enable_caching
         for index in range(num_rows):
             if sampled is not None and not sampled[index]:
                 continue
@@ -330,8 +332,10 @@ class Scheduler:
             outputs = request.num_output_tokens + 1
             request.num_output_tokens = outputs
             running = status is RequestStatus.RUNNING
-            if running:
-                self._delivered(request)
+            if running:  # ``_delivered`` spelled out (a call per row fewer, interpreted)
+                request.num_output_placeholders -= 1
+                if caching:
+                    kv.cache_known_blocks(request)
             if outputs >= request.max_output_tokens or (any_stopped and request.request_id in stopped_ids):
                 if running:
                     self._finish(request)
