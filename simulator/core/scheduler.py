@@ -747,9 +747,10 @@ class Scheduler:
                 return None
         else:
             threshold = self.config.long_prefill_token_threshold
-            if threshold:
-                num_new = min(num_new, threshold)
-            num_new = min(num_new, budget)
+            if threshold and threshold < num_new:  # min() spelled out (a builtin call each, interpreted)
+                num_new = threshold
+            if budget < num_new:
+                num_new = budget
         return num_new
 
     def _admission_blocked(self) -> bool:
@@ -768,7 +769,10 @@ class Scheduler:
         request = self.waiting.peek()
         max_hits = 0
         if self.kv.enable_caching and request.num_computed_tokens == 0:
-            max_hits = min(request.num_hashed_blocks, (request.num_tokens - 1) // self.block_size)
+            max_hits = (request.num_tokens - 1) // self.block_size
+            hashed = request.num_hashed_blocks
+            if hashed < max_hits:
+                max_hits = hashed
         # A KV need that falls as hits grow: min(new tokens, budget) tokens beyond the hit blocks.
         num_new = self._admission_tokens(request, max_hits, budget, whole_prompts=not cfg.enable_chunked_prefill,
                                          step_has_requests=True)
