@@ -219,7 +219,9 @@ class BlockPool:
         ids: list[Any] = blocks if isinstance(blocks, list) else list(blocks)  # compiled: an indexed loop
         num: i64 = 0
         i: i64 = start
-        count: i64 = len(ids) if stop < 0 else min(stop, len(ids))
+        count: i64 = len(ids)
+        if 0 <= stop < count:
+            count = stop
         while i < count:
             block_id: int = ids[i]
             if ref[block_id] == 0:
@@ -363,7 +365,9 @@ class BlockPool:
         out: list[int] = [] if into is None else into
         front = self._front
         if front:
-            take = min(num_blocks, len(front))
+            take = len(front)  # min() spelled out here and below (a builtin call each, interpreted)
+            if num_blocks < take:
+                take = num_blocks
             for _ in range(take):
                 block_id = front.pop()
                 ref[block_id] = 1
@@ -371,7 +375,9 @@ class BlockPool:
             num_blocks -= take
             if not num_blocks:
                 return out
-        num_fresh = min(num_blocks, self.num_blocks - start)
+        num_fresh = self.num_blocks - start
+        if num_blocks < num_fresh:
+            num_fresh = num_blocks
         remaining = num_blocks - num_fresh
         if num_fresh == 1:  # the usual case (a decode token starting a block): no temporary lists
             self._num_handed = start + 1
@@ -608,7 +614,9 @@ class BlockPool:
         negative); a free one leaves the queue (it is no longer evictable)."""
         ref = self._ref
         hits: list[int] = blocks if isinstance(blocks, list) else list(blocks)  # compiled: an indexed loop
-        num: i64 = len(hits) if stop < 0 else min(stop, len(hits))
+        num: i64 = len(hits)
+        if 0 <= stop < num:
+            num = stop
         i: i64 = start
         while i < num:
             block_id = hits[i]

@@ -160,7 +160,10 @@ class KVManager:
         (the last token is always recomputed so that the step produces its logits)."""
         if not self.enable_caching or not request.num_hashed_blocks:
             return []
-        max_blocks = min(request.num_hashed_blocks, (request.num_tokens - 1) // self.block_size)
+        max_blocks = (request.num_tokens - 1) // self.block_size  # min() spelled out (a builtin call, interpreted)
+        hashed = request.num_hashed_blocks
+        if hashed < max_blocks:
+            max_blocks = hashed
         # Hashes and ids as objects (see BlockPool.cache_blocks): compiled, no unboxing and re-boxing.
         cached: dict[Any, Any] = self.pool.cached
         hashes: tuple[Any, ...] = request.block_hashes
@@ -282,7 +285,7 @@ class KVManager:
             self._open_chain(key)
             self._walk(self._values(request, max_blocks), 0, max_blocks, hits)
             return hits
-        count = self._walk_prefix(hashes, min(start, max_blocks), hits)
+        count = self._walk_prefix(hashes, start if start < max_blocks else max_blocks, hits)
         self._pin = self._walked  # the hits begin with its blocks, whatever this lookup adds to them
         self._pin_hits = hits
         run = None if chain is None else chain.run

@@ -578,9 +578,10 @@ class Scheduler:
                 budget -= 1
                 i += 1
                 continue
-            if threshold:
-                num_new = min(num_new, threshold)
-            num_new = min(num_new, budget)
+            if threshold and threshold < num_new:  # min() spelled out (a builtin call each, interpreted)
+                num_new = threshold
+            if budget < num_new:
+                num_new = budget
             if num_new <= 0:
                 i += 1
                 continue
