@@ -160,7 +160,8 @@ class KVManager:
         (the last token is always recomputed so that the step produces its logits)."""
         if not self.enable_caching or not request.num_hashed_blocks:
             return []
-        max_blocks = (request.num_tokens - 1) // self.block_size  # min() spelled out (a builtin call, interpreted)
+        # min() and ``num_tokens`` spelled out (a builtin call and a property call, interpreted)
+        max_blocks = (request.num_prompt_tokens + request.num_output_tokens - 1) // self.block_size
         hashed = request.num_hashed_blocks
         if hashed < max_blocks:
             max_blocks = hashed

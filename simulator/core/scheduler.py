@@ -740,7 +740,9 @@ class Scheduler:
 
     def _admission_tokens(self, request: Request, num_hit_blocks: int, budget: int, *, whole_prompts: bool,
                           step_has_requests: bool) -> int | None:
-        num_new = request.num_tokens - request.num_computed_tokens - num_hit_blocks * self.block_size
+        # ``num_tokens`` spelled out (a property: interpreted, a call)
+        num_new = (request.num_prompt_tokens + request.num_output_tokens - request.num_computed_tokens
+                   - num_hit_blocks * self.block_size)
         if whole_prompts:
             # Whole prompts only; the first one of a step always goes, so a prompt larger than the
             # budget is served alone rather than never.
@@ -770,7 +772,7 @@ class Scheduler:
         request = self.waiting.peek()
         max_hits = 0
         if self.kv.enable_caching and request.num_computed_tokens == 0:
-            max_hits = (request.num_tokens - 1) // self.block_size
+            max_hits = (request.num_prompt_tokens + request.num_output_tokens - 1) // self.block_size  # num_tokens
             hashed = request.num_hashed_blocks
             if hashed < max_hits:
                 max_hits = hashed
