@@ -352,7 +352,8 @@ class BlockPool:
         """Pop blocks from the head of the free order (least recently freed first), evicting their hashes;
         without caching, the most recently freed first. ``into``: appended to that list (a request's table)
         and it is returned, rather than a new list the caller would copy over."""
-        if num_blocks > self.num_free:
+        # ``num_free`` spelled out, here and in ``append_new_blocks`` (a property: interpreted, a call).
+        if num_blocks > self.num_blocks - self._num_handed + self._num_freed + len(self._front):
             raise ValueError(f"asked for {num_blocks} blocks, {self.num_free} free")
         start = self._num_handed
         if not self.enable_caching:
@@ -589,7 +590,7 @@ class BlockPool:
         if self.enable_caching:
             raise ValueError("append_new_blocks is the caching-off path; with caching use get_new_blocks")
         n = len(tables)
-        if n > self.num_free:
+        if n > self.num_blocks - self._num_handed + self._num_freed + len(self._front):
             raise ValueError(f"asked for {n} blocks, {self.num_free} free")
         # Typed as objects, block ids go from list to list as they are (the compiled build would unbox and
         # re-box each one).
