@@ -96,6 +96,8 @@ class Scheduler:
         self.kv = KVManager(config.num_blocks, config.block_size, enable_caching=config.prefix_caching,
                             unhashed_first=config.unhashed_blocks_first)
         self.waiting = WaitingQueue(config.queue_policy)
+        self._paged = config.kv_policy is KVPolicy.PAGED
+        """Paged KV: no tokens reserved ahead (``_reserve_tokens`` is 0, read without a call on hot paths)."""
         self.swapped: deque[Request] = deque()
         """Swap-preempted requests, resumed in preemption order before any waiting request."""
         self.running: list[Request] = []
@@ -653,7 +655,7 @@ class Scheduler:
     ) -> tuple[bool, int, int]:
         """Slots for ``num_new`` tokens of a running request, preempting victims until they fit.
         Returns (scheduled, budget, index of ``request`` in running)."""
-        reserve = self._reserve_tokens(request)
+        reserve = 0 if self._paged else self._reserve_tokens(request)  # (paged: no call per row, interpreted)
         while self.kv.allocate(request, num_new, reserve_tokens=reserve) is None:
             victim = self._pick_victim()
             victim_index = self.running.index(victim)
@@ -687,7 +689,8 @@ class Scheduler:
             if load is not None and load.num_load_blocks and self.tiers is not None:
                 num_load_tokens = load.num_load_blocks * self.block_size
                 self.tiers.refresh(load, request.block_hashes, len(hits))
-            if self.kv.allocate(request, num_load_tokens + num_new, hits, self._reserve_tokens(request)) is None:
+            reserve = 0 if self._paged else self._reserve_tokens(request)
+            if self.kv.allocate(request, num_load_tokens + num_new, hits, reserve) is None:
                 return
             self.waiting.pop()
             first_admission = request.status is RequestStatus.WAITING
@@ -781,7 +784,8 @@ class Scheduler:
                                          step_has_requests=True)
         if num_new is None:
             return True
-        need = self.kv.num_blocks_needed(request, num_new, max_hits, self._reserve_tokens(request))
+        reserve = 0 if self._paged else self._reserve_tokens(request)
+        need = self.kv.num_blocks_needed(request, num_new, max_hits, reserve)
         return need > self.kv.num_free_blocks
 
     def _swap_in(self, plan: StepPlan, budget: int) -> bool:
