@@ -549,6 +549,8 @@ class Scheduler:
         preempted = False
         running = self.running
         kv = self.kv  # its method called on it: compiled, a bound method taken out is a generic call
+        caching = kv.enable_caching
+        bs = self.block_size
         rows, rows_new = plan.requests, plan.num_new_tokens
         # Computed tokens as the process's shared int objects (``block_pool.shared_ints``) where they reach:
         # made anew, a decode row's count (past 256) would be an allocation per row per step, and a free.
@@ -572,8 +574,10 @@ class Scheduler:
                 # (vllm/v1/core/sched/scheduler.py, the running loop's first check).
                 i += 1
                 continue
-            if num_new == 1 and kv.appends_in_place(request):
-                # A decode the KV manager needs to do nothing for: schedule it without the allocation.
+            if num_new == 1 and (kv.appends_in_place(request) if caching else computed < len(request.block_table) * bs):
+                # A decode the KV manager needs to do nothing for: schedule it without the allocation. Without the
+                # prefix cache that is a token going in a block the request holds (``appends_in_place``'s answer
+                # then, read here: a call per decode row fewer, interpreted).
                 rows.append(request)
                 rows_new.append(1)
                 rows_computed.append(ints[computed] if computed < num_ints else computed)
