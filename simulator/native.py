@@ -10,7 +10,10 @@ changes: results are identical (a test builds it and compares).
 The build lands in a cache folder named by a digest of those sources and of the interpreter. At import,
 ``simulator`` loads the compiled modules only if a build of exactly the files on disk exists; after any
 edit it runs pure Python until rebuilt, so a stale binary can never run. ``FLEETSIM_PURE_PYTHON=1``
-forces pure Python; ``FLEETSIM_NATIVE_CACHE`` moves the cache (default ``~/.cache/fleetsim/native``).
+forces pure Python; ``FLEETSIM_NATIVE_CACHE`` moves the cache (default ``~/.cache/fleetsim/native``);
+``FLEETSIM_BUILD_NATIVE=1`` (an opt-in, asked once in the environment, never a prompt) builds it at that
+import when it is missing or stale, saying so on stderr, so that edited sources never run slow unnoticed;
+a build that fails says why in one line and the process goes on in pure Python.
 
 Standard library only (``simulator/__init__`` installs the loader before ``simulator.core`` is imported).
 """
@@ -117,16 +120,27 @@ _loaded_from: Path | None = None
 NOTICE_ENV = "FLEETSIM_NO_NATIVE_NOTICE"
 """Set to 1 to silence the pure-Python notice of ``pure_python_notice``."""
 
+AUTO_ENV = "FLEETSIM_BUILD_NATIVE"
+"""Set to 1 to build the compiled modules at import when no build of the current sources exists."""
+
+_build_failed: str | None = None
+"""Why the build ``AUTO_ENV`` asked for failed in this process (already said on stderr), if it did."""
+
 
 def pure_python_notice() -> str | None:
     """The one line a run prints on stderr when it simulates in pure Python although it was not asked to
     (``FLEETSIM_PURE_PYTHON`` unset): no build of the current sources exists, or it is stale. None when
     the compiled modules are in use, pure Python was asked for, or the notice is silenced."""
-    if active() or os.environ.get(PURE_ENV, "") not in ("", "0") or os.environ.get(NOTICE_ENV, "") not in ("", "0"):
+    if active() or _build_failed is not None or _set(PURE_ENV) or _set(NOTICE_ENV):
         return None
     return ("note: simulating in pure Python (no native build of these sources): "
             "pip install -e '.[native]' && fleetsim build-native runs the hot path compiled, several times "
-            f"faster, with the same results; {NOTICE_ENV}=1 silences this")
+            f"faster, with the same results ({AUTO_ENV}=1 builds it whenever the sources change); "
+            f"{NOTICE_ENV}=1 silences this")
+
+
+def _set(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
 
 
 def active() -> bool:
@@ -140,14 +154,42 @@ def loaded_from() -> Path | None:
 
 
 def install() -> bool:
-    """Load the compiled modules from here on if a build of exactly the current sources exists."""
-    global _finder, _loaded_from
+    """Load the compiled modules from here on if a build of exactly the current sources exists (with
+    ``AUTO_ENV`` set, after building it if none does)."""
     if _finder is not None:
         return True
-    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+    if _set(PURE_ENV):
         return False
     if any(module in sys.modules for module in MODULES):
         return False  # already imported as Python: never mix the two builds in one process
+    if _load():
+        return True
+    if not _set(AUTO_ENV) or (build_dir() / _MANIFEST).is_file():
+        return False  # not asked to build, or a build exists but is incomplete (``fleetsim build-native`` says)
+    return _build_on_first_use() and _load()
+
+
+def _build_on_first_use() -> bool:
+    """``build`` for ``AUTO_ENV``, its progress and any failure on stderr (one line: the process goes on in
+    pure Python, and its pure-Python notice stays silent)."""
+    global _build_failed
+
+    def progress(line: str) -> None:
+        print(f"fleetsim: {line}", file=sys.stderr, flush=True)
+
+    progress(f"{AUTO_ENV}=1 and no native build of these sources: building it now")
+    try:
+        build(progress=progress)
+    except NativeBuildError as err:
+        _build_failed = str(err)
+        progress(f"native build failed ({err}): simulating in pure Python")
+        return False
+    return True
+
+
+def _load() -> bool:
+    """Install the finder for the build of the current sources, if it is there and whole."""
+    global _finder, _loaded_from
     try:
         folder = build_dir()
         manifest = json.loads((folder / _MANIFEST).read_text())

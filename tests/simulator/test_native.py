@@ -38,10 +38,14 @@ print("active" if simulator.native.active() else "pure")
 """
 
 
+def _run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in (native.AUTO_ENV, native.NOTICE_ENV)}
+    return subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True,
+                          check=True)
+
+
 def _python(code: str, **env: str) -> str:
-    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True,
-                          text=True, check=True)
-    return done.stdout.strip()
+    return _run_python(code, **env).stdout.strip()
 
 
 def test_no_build_for_these_sources_means_pure_python(tmp_path: Path) -> None:
@@ -77,7 +81,12 @@ def _can_compile() -> str | None:
 def test_compiled_build_gives_identical_results(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     env = {"FLEETSIM_NATIVE_CACHE": str(cache), "FLEETSIM_PURE_PYTHON": ""}
-    _python("from simulator import native; native.build(progress=lambda _: None)", **env)
+    # Built on first use (the opt-in), then loaded by that very process; a later one finds it built.
+    first = _run_python("import simulator.native as n; print(n.active())", FLEETSIM_BUILD_NATIVE="1", **env)
+    assert first.stdout.strip() == "True"
+    assert "building it now" in first.stderr and "built: " in first.stderr
+    again = _run_python("import simulator.native as n; print(n.active())", FLEETSIM_BUILD_NATIVE="1", **env)
+    assert again.stdout.strip() == "True" and again.stderr == ""
     tests = str(Path(__file__).resolve().parent)
     pure, compiled = tmp_path / "pure.npz", tmp_path / "compiled.npz"
     assert _python(RUN.format(tests=tests, out=str(pure)), **{**env, "FLEETSIM_PURE_PYTHON": "1"}) == "pure"
@@ -86,6 +95,24 @@ def test_compiled_build_gives_identical_results(tmp_path: Path) -> None:
         assert sorted(a.files) == sorted(b.files)
         for name in a.files:
             np.testing.assert_array_equal(b[name], a[name], err_msg=name)
+
+
+def test_a_failed_build_on_first_use_says_why_once_and_runs_pure_python(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    code = ("import simulator.native as n, simulator.core.scheduler as s; "
+            "print(n.active(), n.pure_python_notice(), s.__file__)")
+    done = _run_python(code, FLEETSIM_BUILD_NATIVE="1", FLEETSIM_NATIVE_CACHE=str(blocker / "cache"),
+                       FLEETSIM_PURE_PYTHON="")
+    active, notice, path = done.stdout.split()
+    assert (active, notice) == ("False", "None") and path.endswith("scheduler.py")
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 2 and "building it now" in lines[0]
+    assert lines[1].startswith("fleetsim: native build failed (cannot create the build cache")
+    assert lines[1].endswith("simulating in pure Python")
+    # Not asked for: nothing is built and nothing said at import (the run's notice says it later).
+    quiet = _run_python(code, FLEETSIM_NATIVE_CACHE=str(blocker / "cache"), FLEETSIM_PURE_PYTHON="")
+    assert quiet.stderr == "" and quiet.stdout.split()[0] == "False" and "build-native" in quiet.stdout
 
 
 def test_build_native_without_mypyc_is_one_line_and_exit_1(
