@@ -18,7 +18,8 @@ scheduling) on multi-turn sessions sharing system prompts, routed by session aff
 that at 3x the load on a small KV pool (preemptions); Poisson arrivals at a fixed load per replica. Prints
 one line per run (simulated requests per wall second and per CPU second — the CPU figure is the one a busy
 machine leaves steady —, SimPy events per request, peak RSS, preemptions, hit rate) and the
-scaling ratios (CPU time per request at the largest size / at the smallest; at 64 replicas / at 16).
+scaling ratios (CPU time per request at the largest size / at the next largest and / at the smallest;
+at 64 replicas / at 16).
 
 The per-step hot path runs compiled when ``fleetsim build-native`` has built it for these sources (the
 first line printed says which); ``FLEETSIM_PURE_PYTHON=1`` measures pure Python.
@@ -323,10 +324,13 @@ def main(argv: list[str] | None = None) -> int:
             print(line(label, m), flush=True)
     for name in names:
         for replicas in args.replicas:
-            if small != large:
-                ratio = per_request[(name, replicas, large)] / per_request[(name, replicas, small)]
+            # Against the smallest size, and against the next largest (the 1 M / 100 k): a run whose
+            # cost per request grows with its length shows it between its two longest runs first.
+            below = sorted({size for size in args.sizes if size < large}, reverse=True)
+            for base in below[:1] + ([small] if len(below) > 1 else []):
+                ratio = per_request[(name, replicas, large)] / per_request[(name, replicas, base)]
                 print(f"scaling in requests ({name}, {replicas} replicas): time/request at {large:,} / at "
-                      f"{small:,} = {ratio:.2f}")
+                      f"{base:,} = {ratio:.2f}")
         if len(args.replicas) > 1:
             lo, hi = min(args.replicas), max(args.replicas)
             for size in args.sizes:
