@@ -164,8 +164,13 @@ def install() -> bool:
         return False  # already imported as Python: never mix the two builds in one process
     if _load():
         return True
-    if not _set(AUTO_ENV) or (build_dir() / _MANIFEST).is_file():
-        return False  # not asked to build, or a build exists but is incomplete (``fleetsim build-native`` says)
+    if not _set(AUTO_ENV):
+        return False
+    try:
+        if (build_dir() / _MANIFEST).is_file():
+            return False  # a build exists but is incomplete (``fleetsim build-native --status`` says)
+    except OSError:
+        return False  # the sources cannot be read to name the build: nothing to build from either
     return _build_on_first_use() and _load()
 
 
@@ -180,7 +185,7 @@ def _build_on_first_use() -> bool:
     progress(f"{AUTO_ENV}=1 and no native build of these sources: building it now")
     try:
         build(progress=progress)
-    except NativeBuildError as err:
+    except (NativeBuildError, OSError) as err:  # OSError: copying or staging the build (a full disk)
         _build_failed = str(err)
         progress(f"native build failed ({err}): simulating in pure Python")
         return False
