@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from simulator.results.table import Table
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -274,14 +276,13 @@ class RequestLog:
         happen, or TPOT of a one-token answer). Raw per event: mask with ``outcomes()`` as needed."""
         return {f"{k}_ms": v * 1e3 for k, v in latencies_s(self.columns()).items()}
 
-    def to_frame(self) -> pd.DataFrame:
+    def table(self) -> Table:
         """One row per arrived request with derived ``queue_ms``, ``ttft_ms``, ``tpot_ms``, ``e2e_ms``.
 
         Latencies are NaN where undefined (not finished, or TPOT of a one-token answer); ``replica`` and
-        ``session_id`` are nullable integers, missing when not routed or not in a session.
+        ``session_id`` are nullable integers, missing when not routed or not in a session; ``outcome`` is
+        categorical over ``RequestOutcome``'s values.
         """
-        import pandas as pd  # here, not at import: a run that writes only its summary never needs it
-
         c = self.columns()
         keep = ~np.isnan(c["arrival_s"])
         ids = np.flatnonzero(keep)
@@ -292,13 +293,13 @@ class RequestLog:
         codes[masks[RequestOutcome.COMPLETED]] = 0
         codes[masks[RequestOutcome.REJECTED]] = 2
         lat = {k: v[keep] for k, v in self.latencies_ms().items()}
-        return pd.DataFrame(
+        return Table(
             {
                 "request_id": ids.astype(np.int64),
                 "arrival_s": c["arrival_s"],
-                "replica": pd.arrays.IntegerArray(c["replica"].astype(np.int32), c["replica"] < 0),
-                "session_id": pd.arrays.IntegerArray(c["session_id"].astype(np.int64), c["session_id"] < 0),
-                "outcome": pd.Categorical.from_codes(codes, categories=pd.Index([o.value for o in RequestOutcome])),
+                "replica": c["replica"].astype(np.int32),
+                "session_id": c["session_id"].astype(np.int64),
+                "outcome": codes,
                 "prompt_tokens": c["prompt_tokens"],
                 "output_tokens": c["output_tokens"],
                 "produced_tokens": c["produced_tokens"],
@@ -311,8 +312,14 @@ class RequestLog:
                 "ttft_ms": lat["ttft_ms"],
                 "tpot_ms": lat["tpot_ms"],
                 "e2e_ms": lat["e2e_ms"],
-            }
+            },
+            missing={"replica": c["replica"] < 0, "session_id": c["session_id"] < 0},
+            categories={"outcome": tuple(o.value for o in RequestOutcome)},
         )
+
+    def to_frame(self) -> pd.DataFrame:
+        """``table`` as a DataFrame."""
+        return self.table().to_pandas()
 
 
 def latencies_s(c: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

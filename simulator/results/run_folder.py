@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from simulator.errors import ConfigError
 from simulator.results.run_result import RunResult
+from simulator.results.table import Table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -37,7 +38,8 @@ if TYPE_CHECKING:
 
 
 class RunFiles(StrEnum):
-    """What a save writes. Workers of a sweep need only the summary; a report costs plotly's import."""
+    """What a save writes. Workers of a sweep need only the summary; the tables cost pyarrow's import and
+    the report the reading and writing of plotly.js (~5 MB)."""
 
     ALL = "all"
     """requests and series tables, summary.json and report.html."""
@@ -149,8 +151,8 @@ def _write_files(result: RunResult, folder: Path, files: RunFiles = RunFiles.ALL
     (folder / "summary.json").write_text(result.summary_json(), encoding="utf-8")
     if files is RunFiles.SUMMARY:
         return names
-    names |= {_write_table(result.requests_df(), folder / "requests").name,
-              _write_table(result.series_df(), folder / "series").name}
+    names |= {_write_table(result.requests_table(), folder / "requests").name,
+              _write_table(result.series_table(), folder / "series").name}
     days = {name: v.day for name, v in result.variants.items() if v.day is not None}
     for table, frame in day_tables(days).items():  # a fleet that changed size: what it did, as small tables
         frame.to_csv(folder / table, index=False)
@@ -182,8 +184,8 @@ def day_tables(days: Mapping[str, DayResult]) -> dict[str, pd.DataFrame]:
 
 
 def render_report(result: RunResult) -> str:
-    """``report.render_report``, imported on first use: plotly costs a third of a second to import, and
-    a run that writes no report never pays it."""
+    """``report.render_report``, imported on first use: a run that writes no report never loads the
+    report's modules."""
     from simulator.results import report
 
     return report.render_report(result)
@@ -232,14 +234,14 @@ def _exchange(a: Path, b: Path) -> None:
     os.rename(aside, a)
 
 
-def _write_table(frame: pd.DataFrame, stem: Path) -> Path:
-    """Parquet when pyarrow is installed (typed, compact), CSV otherwise."""
+def _write_table(table: Table, stem: Path) -> Path:
+    """Parquet when pyarrow is installed (typed, compact; written without pandas), CSV otherwise."""
     if not _has_pyarrow():
         path = stem.with_suffix(".csv")
-        frame.to_csv(path, index=False)
+        table.to_pandas().to_csv(path, index=False)
         return path
     path = stem.with_suffix(".parquet")
-    frame.to_parquet(path, index=False)
+    table.write_parquet(path)
     return path
 
 

@@ -17,8 +17,9 @@ import numpy as np
 from pydantic import BaseModel
 
 from simulator.results.request_log import RequestLog
-from simulator.results.series import SERIES_COLUMNS, ReplicaSeries
+from simulator.results.series import ReplicaSeries
 from simulator.results.summary import Summary
+from simulator.results.table import Table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -92,42 +93,39 @@ class RunResult:
             raise KeyError(f"no variant {variant!r}; variants are {sorted(self.variants)}")
         return [self.variants[variant]]
 
-    def requests_df(self, variant: str | None = None) -> pd.DataFrame:
+    def requests_table(self, variant: str | None = None) -> Table:
         """One row per request of ``variant`` (all variants when None) with a leading ``variant`` column
         and derived ``queue_ms``, ``ttft_ms``, ``tpot_ms``, ``e2e_ms`` (and ``load_ms``, the time its loads
-        from KV tiers added, where a variant has tiers)."""
-        import pandas as pd  # not at import: a summary-only run never builds a frame
+        from KV tiers added, where a variant has tiers: NaN in the rows of the variants without)."""
+        selected = self._select(variant)
+        with_tiers = any(v.tiers is not None for v in selected)
+        tables = []
+        for v in selected:
+            table = v.requests.table()
+            table = table.with_column("variant", np.full(len(table), v.name, dtype=object), first=True)
+            if with_tiers:  # the load share of TTFT (its queue and compute shares follow from it)
+                load_ms = (v.tiers.load_ms(table.columns["request_id"]) if v.tiers is not None
+                           else np.full(len(table), np.nan))
+                table = table.with_column("load_ms", np.asarray(load_ms, dtype=np.float64))
+            tables.append(table)
+        return Table.concat(tables)
 
-        frames = []
-        for v in self._select(variant):
-            frame = v.requests.to_frame()
-            frame.insert(0, "variant", v.name)
-            if v.tiers is not None:  # the load share of TTFT (its queue and compute shares follow from it)
-                frame["load_ms"] = v.tiers.load_ms(frame["request_id"].to_numpy())
-            frames.append(frame)
-        return pd.concat(frames, ignore_index=True)
+    def requests_df(self, variant: str | None = None) -> pd.DataFrame:
+        """``requests_table`` as a DataFrame."""
+        return self.requests_table(variant).to_pandas()
+
+    def series_table(self, variant: str | None = None) -> Table:
+        """Sampled replica state of ``variant`` (all variants when None), one row per replica and time."""
+        tables = [Table(s.table()).with_column("variant", np.full(len(s), v.name, dtype=object), first=True)
+                  for v in self._select(variant) for s in v.series]
+        if not tables:  # no replica sampled: the columns, empty
+            empty = ReplicaSeries(replica=0, sample_interval_s=1.0).table()
+            tables = [Table(empty).with_column("variant", np.zeros(0, dtype=object), first=True)]
+        return Table.concat(tables)
 
     def series_df(self, variant: str | None = None) -> pd.DataFrame:
-        """Sampled replica state of ``variant`` (all variants when None), one row per replica and time."""
-        import pandas as pd  # not at import: a summary-only run never builds a frame
-
-        frames = []
-        for v in self._select(variant):
-            for s in v.series:
-                frame = s.to_frame()
-                frame.insert(0, "variant", v.name)
-                frames.append(frame)
-        if not frames:
-            columns = [
-                "variant",
-                "replica",
-                *SERIES_COLUMNS,
-                "kv_util",
-                "prefix_hit_rate",
-                "prefix_hit_rate_cum",
-            ]
-            return pd.DataFrame(columns=columns)
-        return pd.concat(frames, ignore_index=True)
+        """``series_table`` as a DataFrame."""
+        return self.series_table(variant).to_pandas()
 
     def summary_df(self) -> pd.DataFrame:
         """One row per variant, indexed by variant name, columns as in ``Summary.to_dict``."""

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from simulator.results.table import Table
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -140,10 +142,9 @@ class ReplicaSeries:
             out[name] = table[:, i].astype(np.int64)
         return out
 
-    def to_frame(self) -> pd.DataFrame:
-        """Sampled rows with derived ``kv_util`` and windowed / cumulative prefix hit rates."""
-        import pandas as pd  # here, not at import: a run that writes only its summary never needs it
-
+    def table(self) -> dict[str, np.ndarray]:
+        """The series as saved and plotted, as named columns: ``replica``, the sampled columns, and the
+        derived ``kv_util`` and windowed / cumulative prefix hit rates (see the class)."""
         c = self.columns()
         with np.errstate(divide="ignore", invalid="ignore"):
             kv_util = np.where(c["kv_total_blocks"] > 0, c["kv_used_blocks"] / c["kv_total_blocks"], 0.0)
@@ -152,12 +153,17 @@ class ReplicaSeries:
             d_prompt = np.diff(prompt, prepend=0)
             windowed = np.where(d_prompt > 0, d_hit / d_prompt, np.nan)
             cumulative = np.where(prompt > 0, hit / prompt, np.nan)
-        frame = pd.DataFrame(c)
-        frame.insert(0, "replica", np.full(len(frame), self.replica, dtype=np.int32))
-        frame["kv_util"] = kv_util
-        frame["prefix_hit_rate"] = windowed
-        frame["prefix_hit_rate_cum"] = cumulative
-        return frame
+        return {
+            "replica": np.full(len(c["time_s"]), self.replica, dtype=np.int32),
+            **c,
+            "kv_util": kv_util.astype(np.float64),
+            "prefix_hit_rate": windowed.astype(np.float64),
+            "prefix_hit_rate_cum": cumulative.astype(np.float64),
+        }
+
+    def to_frame(self) -> pd.DataFrame:
+        """``table`` as a DataFrame."""
+        return Table(self.table()).to_pandas()
 
 
 def _restore_series(replica: int, sample_interval_s: float, start_s: float, next_index: int, next_sample_s: float,
