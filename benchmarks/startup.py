@@ -4,9 +4,11 @@
     python benchmarks/startup.py --runs 40 --imports  # and the slowest imports of one run
     python benchmarks/paired.py HEAD~1 -- benchmarks/startup.py --runs 10   # against a revision
 
-Each run is a fresh process, as a user's (or a sweep worker's) is: ``fleetsim run SCENARIO --summary-only``
-on ``--requests`` requests into a new folder. Prints the minimum and the median wall time and CPU time per
-run, beside the bare interpreter's (``python -c pass``), so the part that is fleetsim's shows. The first run
+Each run is a fresh process, as a user's (or a sweep worker's) is: ``fleetsim run SCENARIO`` on
+``--requests`` requests into a new folder, for each save ``--saves`` names: ``summary`` (``--summary-only``,
+a sweep worker's), ``tables`` (``--no-report``) and ``report`` (the default: tables, summary and report.html).
+Prints the minimum and the median wall time and CPU time per run, beside the bare interpreter's
+(``python -c pass``), so the part that is fleetsim's shows. The first run
 of each is left out (it may write bytecode caches). On a shared machine the median moves by 20 % from one
 minute to the next: compare revisions with ``paired.py``, or count instructions under callgrind
 (``valgrind --tool=callgrind python -m ...``), which repeat to within 0.01 %.
@@ -29,6 +31,8 @@ ROOT = Path.cwd() if (Path.cwd() / "simulator").is_dir() else Path(__file__).res
 """The checkout whose fleetsim runs: the current folder when it is one (``paired.py`` runs this file from this
 checkout in a revision's worktree), else this file's."""
 CLI = "import sys; from simulator.cli.main import main; sys.exit(main())"
+SAVES: dict[str, tuple[str, ...]] = {"summary": ("--summary-only",), "tables": ("--no-report",), "report": ()}
+"""What a run writes -> its flags: summary.json alone; the tables too; and the report (the default)."""
 
 
 def _timed(command: Sequence[str]) -> tuple[float, float]:
@@ -73,26 +77,30 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--scenario", default="scenarios/quickstart.yaml", help="scenario to run (quickstart)")
     parser.add_argument("--requests", type=int, default=10, help="requests simulated (10)")
     parser.add_argument("--runs", type=int, default=20, help="timed runs of each (20)")
+    parser.add_argument("--saves", nargs="+", choices=sorted(SAVES), default=list(SAVES),
+                        help="what each run writes: summary (--summary-only), tables (--no-report), report "
+                             "(the default run); all three unless told")
     parser.add_argument("--imports", action="store_true", help="also list the slowest imports of one run")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.requests < 1:
         raise SystemExit("startup.py: --runs and --requests must be >= 1")
     with tempfile.TemporaryDirectory(prefix="fleetsim-startup-") as scratch:
-        def fleetsim(number: int) -> list[str]:
-            return [sys.executable, "-c", CLI, "run", args.scenario, "--summary-only", "--quiet",
-                    "--set", f"workload.num_requests={args.requests}", "--out", f"{scratch}/run-{number}"]
+        def fleetsim(save: str) -> Callable[[int], list[str]]:
+            def command(number: int) -> list[str]:
+                return [sys.executable, "-c", CLI, "run", args.scenario, *SAVES[save], "--quiet",
+                        "--set", f"workload.num_requests={args.requests}", "--out", f"{scratch}/{save}-{number}"]
+            return command
 
         bare_walls, bare_cpus = _series(lambda _: [sys.executable, "-c", "pass"], args.runs)
-        walls, cpus = _series(fleetsim, args.runs)
         print(f"{args.scenario}, {args.requests} requests, {args.runs} runs (fresh processes):")
-        for label, w, c in (("fleetsim run", walls, cpus), ("python alone", bare_walls, bare_cpus)):
-            print(f"  {label}   wall min {min(w) * 1e3:6.0f} ms  median {statistics.median(w) * 1e3:6.0f} ms"
+        rows = [(f"fleetsim run, {save}", *_series(fleetsim(save), args.runs)) for save in args.saves]
+        for label, w, c in (*rows, ("python alone", bare_walls, bare_cpus)):
+            print(f"  {label:22s} wall min {min(w) * 1e3:6.0f} ms  median {statistics.median(w) * 1e3:6.0f} ms"
                   f"   CPU median {statistics.median(c) * 1e3:6.0f} ms")
         if args.imports:
-            print("slowest imports of one run (cumulative ms, -X importtime):")
-            for ms, name in _slowest_imports(fleetsim(args.runs + 1), 15):
+            print(f"slowest imports of one run, {args.saves[-1]} (cumulative ms, -X importtime):")
+            for ms, name in _slowest_imports(fleetsim(args.saves[-1])(args.runs + 1), 15):
                 print(f"  {ms:7.1f}  {name}")
-
 
 if __name__ == "__main__":
     main()

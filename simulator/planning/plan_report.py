@@ -1,7 +1,7 @@
 """A plan's HTML page (``plan.html``, beside plan.json): p99 latency and SLO attainment against the number
 of replicas for every knob setting and cost factor the plan searched, the SLO's thresholds, the answer,
-and one replica's attainment against load (the knee). plotly.js is inlined once, as in ``report.html``, so
-the page opens offline.
+and one replica's attainment against load (the knee). Figures and page are written as ``report.html``'s
+(``results.figure``: plain plotly JSON, plotly.js inlined once), so the page opens offline.
 
 Reads only the plan's trials (one row per simulation): every point drawn is a mean over the seeds the plan
 ran, with the seeds' lowest and highest value as its error bar. Nothing is simulated here.
@@ -15,15 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import plotly.graph_objects as go
 
 from simulator.planning.plan_result import PlanResult, slo_text
 from simulator.results import report
+from simulator.results.figure import Figure, add_hline, add_scatter, add_vline, figure, figure_html, titles
 from simulator.results.report import LOG_X_SPREAD
 
 # One look with report.html: its layout, colours and page style (two plots a row, a fixed grid so the
 # first plot is drawn at its final width).
-_LAYOUT: dict[str, Any] = {**report._LAYOUT, "height": 380, "hovermode": "closest", "title_x": 0.01,
+_LAYOUT: dict[str, Any] = {**report._LAYOUT, "height": 380, "hovermode": "closest", "title": {"x": 0.01},
                            "legend": {"orientation": "h", "y": -0.25}}
 _CSS = report._CSS + "pre { background: #f6f6f6; padding: 12px; overflow-x: auto; }\n"
 LATENCIES = (("ttft_p99_ms", "TTFT p99", ("ttft_ms", "ttft_p99_ms")),
@@ -57,10 +57,10 @@ def _curves(result: PlanResult) -> list[tuple[str, pd.DataFrame, bool]]:
     return curves
 
 
-def _trace(stats: pd.DataFrame, metric: str, label: str, index: int, main: bool) -> go.Scatter:
+def _trace(fig: Figure, stats: pd.DataFrame, metric: str, label: str, index: int, main: bool) -> None:
     mean = stats[(metric, "mean")]
-    return go.Scatter(
-        x=stats.index.to_numpy(), y=mean.to_numpy(), name=label, mode="lines+markers",
+    add_scatter(
+        fig, stats.index.to_numpy(), mean.to_numpy(), name=label, mode="lines+markers",
         line={"color": report._color(index), "width": 3 if main else 1.5, "dash": "solid" if main else "dot"},
         error_y={"type": "data", "symmetric": False, "array": (stats[(metric, "max")] - mean).to_numpy(),
                  "arrayminus": (mean - stats[(metric, "min")]).to_numpy(), "thickness": 1},
@@ -68,49 +68,41 @@ def _trace(stats: pd.DataFrame, metric: str, label: str, index: int, main: bool)
     )
 
 
-def _answer_line(fig: go.Figure, result: PlanResult) -> None:
+def _answer_line(fig: Figure, result: PlanResult) -> None:
     if result.replicas is not None:
-        fig.add_vline(x=result.replicas, line_dash="dash", line_color="#2c3e50",
-                      annotation_text=f"answer: {result.replicas}", annotation_position="top right")
+        add_vline(fig, result.replicas, color="#2c3e50", text=f"answer: {result.replicas}")
 
 
-def plan_figures(result: PlanResult) -> dict[str, go.Figure]:
+def plan_figures(result: PlanResult) -> dict[str, Figure]:
     """``latency-<metric>`` per latency the SLO limits (TTFT and TPOT always), ``attainment``, and
     ``knee`` when the plan searched one."""
     curves = _curves(result)
     slo = result.slo.model_dump(exclude_none=True)
-    figures: dict[str, go.Figure] = {}
+    figures: dict[str, Figure] = {}
     for metric, label, limits in LATENCIES:
         thresholds = {field: slo[field] for field in limits if field in slo}
         if metric == "e2e_p99_ms" and not thresholds:
             continue
-        fig = go.Figure()
-        fig.update_layout(title=f"{label} vs replicas", xaxis_title="replicas", yaxis_title=f"{label} (ms)",
-                          **_LAYOUT)
-        fig.update_xaxes(dtick=1)
+        fig = figure(_LAYOUT, titles(f"{label} vs replicas", "replicas", f"{label} (ms)"), {"xaxis": {"dtick": 1}})
         for i, (name, stats, main) in enumerate(curves):
             if (metric, "mean") in stats:
-                fig.add_trace(_trace(stats, metric, name, i, main))
+                _trace(fig, stats, metric, name, i, main)
         values = [v for _, stats, _ in curves if (metric, "mean") in stats
                   for v in stats[(metric, "mean")].to_numpy() if math.isfinite(v) and v > 0]
         if values and max(values) / min(values) > LOG_X_SPREAD:
-            fig.update_yaxes(type="log")
+            fig["layout"]["yaxis"]["type"] = "log"
         for field, value in thresholds.items():
             kind = "p99 limit" if field.endswith("_p99_ms") else "per-request SLO"
-            fig.add_hline(y=value, line_dash="dash", line_color="#c0392b",
-                          annotation_text=f"{kind} {value:g} ms", annotation_position="top left")
+            add_hline(fig, value, color="#c0392b", text=f"{kind} {value:g} ms", position="top left")
         _answer_line(fig, result)
         figures[f"latency-{metric}"] = fig
 
-    fig = go.Figure()
-    fig.update_layout(title="SLO attainment vs replicas", xaxis_title="replicas",
-                      yaxis_title="share of requests meeting the SLO", **_LAYOUT)
-    fig.update_xaxes(dtick=1)
+    fig = figure(_LAYOUT, titles("SLO attainment vs replicas", "replicas", "share of requests meeting the SLO"),
+                 {"xaxis": {"dtick": 1}, "yaxis": {"range": [0, 1.02]}})
     for i, (name, stats, main) in enumerate(curves):
-        fig.add_trace(_trace(stats, "slo_attainment", name, i, main))
-    fig.update_yaxes(range=[0, 1.02])
-    fig.add_hline(y=result.slo.target_attainment, line_dash="dash", line_color="#c0392b",
-                  annotation_text=f"target {result.slo.target_attainment:g}", annotation_position="bottom right")
+        _trace(fig, stats, "slo_attainment", name, i, main)
+    target = result.slo.target_attainment
+    add_hline(fig, target, color="#c0392b", text=f"target {target:g}", position="bottom right")
     _answer_line(fig, result)
     figures["attainment"] = fig
 
@@ -118,26 +110,20 @@ def plan_figures(result: PlanResult) -> dict[str, go.Figure]:
     if not knee.empty and math.isfinite(result.stream_rate_rps):
         rate = knee["load_factor"] / result.load_factor * result.stream_rate_rps
         points = knee.groupby(rate)["slo_attainment"].agg(["mean", "min", "max"]).sort_index()
-        fig = go.Figure()
-        fig.update_layout(title="One replica: attainment vs load",
-                          xaxis_title="arrival rate (requests/s)", yaxis_title="share meeting the SLO", **_LAYOUT)
-        fig.add_trace(go.Scatter(x=points.index.to_numpy(), y=points["mean"].to_numpy(), mode="markers+lines",
-                                 name="one replica", line={"color": report._color(0)},
-                                 error_y={"type": "data", "symmetric": False,
-                                          "array": (points["max"] - points["mean"]).to_numpy(),
-                                          "arrayminus": (points["mean"] - points["min"]).to_numpy()}))
-        fig.update_yaxes(range=[0, 1.02])
-        fig.add_hline(y=result.slo.target_attainment, line_dash="dash", line_color="#c0392b",
-                      annotation_text=f"target {result.slo.target_attainment:g}", annotation_position="bottom right")
+        fig = figure(_LAYOUT, titles("One replica: attainment vs load", "arrival rate (requests/s)",
+                                     "share meeting the SLO"), {"yaxis": {"range": [0, 1.02]}})
+        add_scatter(fig, points.index.to_numpy(), points["mean"].to_numpy(), mode="markers+lines",
+                    name="one replica", line={"color": report._color(0)},
+                    error_y={"type": "data", "symmetric": False, "array": (points["max"] - points["mean"]).to_numpy(),
+                             "arrayminus": (points["mean"] - points["min"]).to_numpy()})
+        add_hline(fig, target, color="#c0392b", text=f"target {target:g}", position="bottom right")
         figures["knee"] = fig
     return figures
 
 
 def render_plan_report(result: PlanResult) -> str:
     """The plan as one HTML page (plotly.js inlined once: it opens with no network)."""
-    divs = [fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=name,
-                        config={"displaylogo": False, "responsive": True})
-            for i, (name, fig) in enumerate(plan_figures(result).items())]
+    plots = figure_html(plan_figures(result))
     title = html.escape(result.scenario_name)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
@@ -147,7 +133,7 @@ def render_plan_report(result: PlanResult) -> str:
         '<h2>Latency and attainment against replicas</h2><p class="note">Each point is the mean over the '
         "seeds; its bar spans the seeds' lowest and highest value. Dotted: other knob settings and step times "
         "x0.9 / x1.1 (the cost-model sensitivity).</p>"
-        f'<div class="grid">{"".join(divs)}</div>'
+        f'<div class="grid">{plots}</div>'
         "</body></html>\n"
     )
 

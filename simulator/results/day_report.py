@@ -8,56 +8,55 @@ import html
 from collections.abc import Mapping
 
 import numpy as np
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from simulator.results.day import DayResult
+from simulator.results.figure import WHITE_TEMPLATE, Figure, add_scatter, figure, titles
 
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 _MARKS = {"start": ("triangle-up", "cold start"), "crash": ("x", "crash"), "node_failure": ("x-thin", "node failure"),
           "spot_notice": ("diamond", "spot notice")}
 
 
-def day_plots(days: Mapping[str, DayResult]) -> dict[str, go.Figure]:
+def day_plots(days: Mapping[str, DayResult]) -> dict[str, Figure]:
     """``day-replicas`` and ``day-slo-hourly``, or nothing when no variant changed size."""
     if not days:
         return {}
-    replicas = make_subplots(specs=[[{"secondary_y": True}]])
-    replicas.update_layout(title="Replicas over the day against the load (markers: cold starts, failures)",
-                           xaxis_title="time (h)", template="plotly_white", height=420,
-                           legend={"orientation": "h", "y": -0.2})
-    hourly = go.Figure()
-    hourly.update_layout(title="SLO attainment per hour (by arrival)", xaxis_title="hour", yaxis_title="share",
-                         template="plotly_white", height=420, legend={"orientation": "h", "y": -0.2})
+    style = {"template": WHITE_TEMPLATE, "height": 420, "legend": {"orientation": "h", "y": -0.2}}
+    # Replicas on the left axis, the load on a second y axis on the right (plotly's secondary_y subplot).
+    replicas = figure(style, titles("Replicas over the day against the load (markers: cold starts, failures)",
+                                    "time (h)", "replicas"),
+                      {"xaxis": {"anchor": "y", "domain": [0.0, 0.94]}, "yaxis": {"anchor": "x", "domain": [0.0, 1.0]},
+                       "yaxis2": {"anchor": "x", "overlaying": "y", "side": "right",
+                                  "title": {"text": "arrivals (req/s)"}}})
+    hourly = figure(style, titles("SLO attainment per hour (by arrival)", "hour", "share"))
     first = True
     for i, (name, day) in enumerate(days.items()):
         color = _COLORS[i % len(_COLORS)]
-        counts = day.log.counts_frame()
-        hours = counts.time_s / 3600.0
-        paid = counts.ready + counts.starting + counts.draining
-        replicas.add_trace(go.Scatter(x=hours, y=paid, name=f"{name}: replicas paid", line={"color": color,
-                                      "shape": "hv"}), secondary_y=False)
-        replicas.add_trace(go.Scatter(x=hours, y=counts.ready, name=f"{name}: ready", line={"color": color,
-                                      "shape": "hv", "dash": "dot"}, visible="legendonly"), secondary_y=False)
+        counts = np.array(day.log.counts, dtype=np.float64).reshape(-1, 6)  # (time_s, ready, starting, draining, ...)
+        time_s = counts[:, 0]
+        hours = time_s / 3600.0
+        ready = counts[:, 1].astype(np.int64)
+        paid = ready + counts[:, 2].astype(np.int64) + counts[:, 3].astype(np.int64)
+        add_scatter(replicas, hours, paid, name=f"{name}: replicas paid", line={"color": color, "shape": "hv"},
+                    xaxis="x", yaxis="y")
+        add_scatter(replicas, hours, ready, name=f"{name}: ready", line={"color": color, "shape": "hv", "dash": "dot"},
+                    visible="legendonly", xaxis="x", yaxis="y")
         if first:  # one load curve: every variant replays the same arrivals
-            replicas.add_trace(go.Scatter(x=hours, y=counts.arrival_rps, name="load (req/s)",
-                                          line={"color": "#999", "width": 1}), secondary_y=True)
+            add_scatter(replicas, hours, counts[:, 5], name="load (req/s)", line={"color": "#999", "width": 1},
+                        xaxis="x", yaxis="y2")
             first = False
-        events = day.log.events_frame()
         for kind, (symbol, label) in _MARKS.items():
-            marked = events[events.kind == kind]
-            if marked.empty:
+            marked = np.array([event[0] for event in day.log.events if event[1] == kind], dtype=np.float64)
+            if not marked.size:
                 continue
-            at = np.searchsorted(counts.time_s.to_numpy(), marked.time_s.to_numpy(), side="right") - 1
-            level = paid.to_numpy()[np.clip(at, 0, len(paid) - 1)] if len(paid) else np.zeros(len(marked))
-            replicas.add_trace(go.Scatter(x=marked.time_s / 3600.0, y=level, mode="markers",
-                                          name=f"{name}: {label}", marker={"symbol": symbol, "color": color,
-                                                                           "size": 9}), secondary_y=False)
+            at = np.searchsorted(time_s, marked, side="right") - 1
+            level = paid[np.clip(at, 0, len(paid) - 1)] if len(paid) else np.zeros(len(marked), dtype=np.int64)
+            add_scatter(replicas, marked / 3600.0, level, mode="markers", name=f"{name}: {label}",
+                        marker={"symbol": symbol, "color": color, "size": 9, "line": {"width": 2, "color": color}},
+                        xaxis="x", yaxis="y")  # a line width: plotly.js draws "x-thin" with its outline only
         by_hour = day.figures.slo_attainment_by_hour
-        hourly.add_trace(go.Scatter(x=list(range(len(by_hour))), y=list(by_hour), name=name, mode="lines+markers",
-                                    line={"color": color}))
-    replicas.update_yaxes(title_text="replicas", secondary_y=False)
-    replicas.update_yaxes(title_text="arrivals (req/s)", secondary_y=True)
+        add_scatter(hourly, list(range(len(by_hour))), list(by_hour), name=name, mode="lines+markers",
+                    line={"color": color})
     return {"day-replicas": replicas, "day-slo-hourly": hourly}
 
 

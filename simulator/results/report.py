@@ -1,28 +1,30 @@
-"""RunResult → one self-contained HTML report (plotly), readable offline.
+"""RunResult → one self-contained HTML report (plotly.js), readable offline.
 
-plotly.js is inlined exactly once (the first figure carries it, the others reference it), so the file opens
-on an air-gapped machine. Every plot is downsampled before it is serialised — CDFs to at most
-``CDF_POINTS`` quantiles, time series to at most ``TIME_POINTS`` buckets — and arrays travel as float32
-binary, so a report of a million requests weighs little more than plotly.js itself (~5 MB).
+plotly.js is inlined exactly once (the first figure carries it, the others use it), so the file opens on an
+air-gapped machine. Every plot is downsampled before it is serialised — CDFs to at most ``CDF_POINTS``
+quantiles, time series to at most ``TIME_POINTS`` buckets — and arrays travel as float32 binary, so a report
+of a million requests weighs little more than plotly.js itself (~5 MB).
 
-This module only reads a RunResult; it computes nothing that the Summary does not already define, except
-the plotted curves.
+Figures are plain plotly JSON (``results.figure``) and the series are pivoted with numpy: a report imports
+neither plotly (the Python package) nor pandas, whose imports and figure objects cost ten times what the
+plots do (a 10-request run's report: ~0.05 s, ~0.5 s with them). This module only reads a RunResult; it
+computes nothing that the Summary does not already define, except the plotted curves.
 """
 
 from __future__ import annotations
 
 import html
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import numpy as np
-import pandas as pd
-import plotly.graph_objects as go
 
 from simulator.results.day_report import day_plots, day_table
+from simulator.results.figure import NO_TEMPLATE, Figure, add_scatter, add_vline, add_vrect, figure, figure_html, titles
 from simulator.results.request_log import RequestOutcome
 from simulator.results.run_result import RunResult, VariantResult
+from simulator.results.series import ReplicaSeries
 from simulator.results.summary import Summary, goodput_per_gpu
 from simulator.results.tier_report import tier_figures, tiers_table
 
@@ -45,10 +47,10 @@ MAX_REPLICA_LINES = 16
 
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 _AXIS = {"showgrid": True, "gridcolor": "#e5e5e5", "zeroline": False, "linecolor": "#444", "showline": True}
-_LAYOUT = {
-    # No plotly template: a template is copied into every figure (~10 kB each, and slow to build);
-    # the few style settings we want are spelled out here instead.
-    "template": "none",
+_LAYOUT: dict[str, Any] = {
+    # No plotly template: a template is copied into every figure (~10 kB each); the few style settings we
+    # want are spelled out here instead.
+    "template": NO_TEMPLATE,
     "font": {"family": "system-ui, sans-serif", "size": 12},
     "xaxis": _AXIS,
     "yaxis": _AXIS,
@@ -94,19 +96,45 @@ def _rate(times: np.ndarray, end_s: float) -> tuple[np.ndarray, np.ndarray]:
     return (edges[:-1] + edges[1:]) / 2, counts / width
 
 
-def _bucketed(frame: pd.DataFrame, how: Callable[[Any], pd.DataFrame]) -> pd.DataFrame:
-    """Rows of a time-indexed frame grouped into at most TIME_POINTS consecutive buckets."""
-    step = max(1, math.ceil(len(frame) / TIME_POINTS))
-    buckets = np.arange(len(frame)) // step
-    out = how(frame.groupby(buckets))
-    out.index = frame.index.to_numpy()[::step][: len(out)]
-    return out
+class _ReplicaTable:
+    """A variant's replica series as time × replica tables: one row per grid time of any replica, one
+    column per replica in id order. A replica that stopped reporting keeps its last value and one not yet
+    started reads 0 (replicas of a fleet that changes size cover different spans of the grid)."""
+
+    def __init__(self, series: Sequence[ReplicaSeries]) -> None:
+        self._tables = [t for s in sorted(series, key=lambda s: s.replica) if len((t := s.table())["time_s"])]
+        self.replicas = [int(t["replica"][0]) for t in self._tables]
+        times = [t["time_s"] for t in self._tables]
+        self.time_s = np.unique(np.concatenate(times)) if times else np.zeros(0)
+        # Per replica, the row of its own series in force at each time (-1: not started yet).
+        self._rows = [np.searchsorted(t, self.time_s, side="right") - 1 for t in times]
+
+    def __len__(self) -> int:
+        return len(self.time_s)
+
+    def column(self, name: str) -> np.ndarray:
+        """``name`` (a column of ``ReplicaSeries.table``) of every replica: (num_times, num_replicas)."""
+        out = np.zeros((len(self.time_s), len(self._tables)))
+        for j, (table, rows) in enumerate(zip(self._tables, self._rows, strict=True)):
+            out[:, j] = np.where(rows >= 0, table[name][np.maximum(rows, 0)], 0.0)
+        return out
 
 
-def _pivot(series: pd.DataFrame, value: str) -> pd.DataFrame:
-    """time × replica table of ``value``; a replica that stopped reporting keeps its last value."""
-    table = series.pivot_table(index="time_s", columns="replica", values=value, aggfunc="last")
-    return table.sort_index().ffill().fillna(0)
+def _bucketed(time_s: np.ndarray, values: np.ndarray,
+              how: Literal["mean", "min", "max", "last"]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ``values`` (one per time) reduced over at most TIME_POINTS consecutive buckets; x is each
+    bucket's first time."""
+    num_rows = len(time_s)
+    step = max(1, math.ceil(num_rows / TIME_POINTS))
+    starts = np.arange(0, num_rows, step)
+    if how == "last":
+        out = values[np.minimum(starts + step, num_rows) - 1]
+    elif how == "mean":
+        sizes = np.diff(np.append(starts, num_rows)).reshape(-1, *[1] * (values.ndim - 1))
+        out = np.add.reduceat(values, starts, axis=0) / sizes
+    else:
+        out = (np.minimum if how == "min" else np.maximum).reduceat(values, starts, axis=0)
+    return time_s[starts], out
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -114,10 +142,8 @@ def _pivot(series: pd.DataFrame, value: str) -> pd.DataFrame:
 # --------------------------------------------------------------------------------------------------------
 
 
-def _figure(title: str, xaxis: str, yaxis: str, **layout: object) -> go.Figure:
-    fig = go.Figure()
-    fig.update_layout(title=title, xaxis_title=xaxis, yaxis_title=yaxis, **{**_LAYOUT, **layout})
-    return fig
+def _figure(title: str, xaxis: str, yaxis: str, *layouts: Mapping[str, Any]) -> Figure:
+    return figure(_LAYOUT, titles(title, xaxis, yaxis), *layouts)
 
 
 class _Requests:
@@ -141,28 +167,29 @@ LOG_X_SPREAD = 30.0
 fastest variant to the 99th of the slowest): variants 100× apart would otherwise collapse onto the axis."""
 
 
-def _cdf_figure(result: RunResult, reqs: dict[str, _Requests], metric: str, label: str) -> go.Figure:
-    fig = _figure(f"{label} CDF (completed requests)", f"{label} (ms)", "fraction of requests", hovermode="closest",
-                  title_x=0.01, legend={"orientation": "h", "y": -0.25})
+def _cdf_figure(result: RunResult, reqs: dict[str, _Requests], metric: str, label: str) -> Figure:
+    fig = _figure(f"{label} CDF (completed requests)", f"{label} (ms)", "fraction of requests",
+                  {"hovermode": "closest", "title": {"x": 0.01}, "legend": {"orientation": "h", "y": -0.25},
+                   "yaxis": {"range": [0, 1.01]}})
     lows, highs = [], []
     for i, name in enumerate(result.variants):
         values = reqs[name].latency_ms[metric]
         x, y = _cdf(values)
-        fig.add_trace(go.Scatter(x=_f32(x), y=_f32(y), mode="lines", name=name, line={"color": _color(i)}))
+        add_scatter(fig, _f32(x), _f32(y), mode="lines", name=name, line={"color": _color(i)})
         positive = values[np.isfinite(values) & (values > 0)]
         if positive.size:
             lows.append(float(np.percentile(positive, 1)))
             highs.append(float(np.percentile(positive, 99)))
-    fig.update_yaxes(range=[0, 1.01])
     log_x = bool(lows) and min(lows) > 0 and max(highs) / min(lows) > LOG_X_SPREAD
     if log_x:
-        fig.update_xaxes(type="log")
+        fig["layout"]["xaxis"]["type"] = "log"
     for threshold in _slo_thresholds(result, metric):
-        fig.add_vline(x=threshold, line_dash="dash", line_color="#c0392b")
+        add_vline(fig, threshold, color="#c0392b")
         # A shape takes data values on a log axis, an annotation the value's log10 (plotly's rule).
-        fig.add_annotation(x=math.log10(threshold) if log_x else threshold, y=1.0, yref="paper", showarrow=False,
-                           text=f"SLO {threshold:g} ms", xanchor="right", yanchor="bottom",
-                           font={"color": "#c0392b"})
+        fig["layout"].setdefault("annotations", []).append(
+            {"font": {"color": "#c0392b"}, "showarrow": False, "text": f"SLO {threshold:g} ms",
+             "x": math.log10(threshold) if log_x else threshold, "xanchor": "right", "y": 1.0, "yanchor": "bottom",
+             "yref": "paper"})
     return fig
 
 
@@ -176,138 +203,78 @@ def _slo_thresholds(result: RunResult, metric: str) -> list[float]:
     return sorted(found)
 
 
-def _throughput_figure(result: RunResult, reqs: dict[str, _Requests], end_s: float) -> go.Figure:
+def _throughput_figure(result: RunResult, reqs: dict[str, _Requests], end_s: float) -> Figure:
     fig = _figure("Throughput over time", "time (s)", "requests / s")
     base_arrivals: np.ndarray | None = None
     for i, name in enumerate(result.variants):
         x, y = _rate(reqs[name].finish_s, end_s)
-        fig.add_trace(
-            go.Scatter(x=_f32(x), y=_f32(y), mode="lines", name=f"{name} completions", line={"color": _color(i)})
-        )
+        add_scatter(fig, _f32(x), _f32(y), mode="lines", name=f"{name} completions", line={"color": _color(i)})
         arrivals = reqs[name].arrival_s
         # Variants usually share one request stream: draw the offered load once, unless a variant changed it.
         if base_arrivals is None or not np.array_equal(arrivals, base_arrivals):
             x, y = _rate(arrivals, end_s)
             label = "arrivals" if base_arrivals is None else f"{name} arrivals"
-            fig.add_trace(
-                go.Scatter(
-                    x=_f32(x),
-                    y=_f32(y),
-                    mode="lines",
-                    name=label,
-                    line={"color": "#7f7f7f" if base_arrivals is None else _color(i), "dash": "dot"},
-                )
-            )
+            add_scatter(fig, _f32(x), _f32(y), mode="lines", name=label,
+                        line={"color": "#7f7f7f" if base_arrivals is None else _color(i), "dash": "dot"})
             base_arrivals = arrivals if base_arrivals is None else base_arrivals
     return fig
 
 
-def _queue_figure(result: RunResult, series: dict[str, pd.DataFrame]) -> go.Figure:
+def _queue_figure(result: RunResult, tables: dict[str, _ReplicaTable]) -> Figure:
     fig = _figure("Waiting requests over time (all replicas)", "time (s)", "waiting requests")
     for i, name in enumerate(result.variants):
-        if series[name].empty:
+        table = tables[name]
+        if not len(table):
             continue
-        total = _pivot(series[name], "waiting").sum(axis=1).to_frame("waiting")
-        total = _bucketed(total, lambda g: g.mean())
-        fig.add_trace(
-            go.Scatter(
-                x=_f32(total.index.to_numpy()),
-                y=_f32(total["waiting"].to_numpy()),
-                mode="lines",
-                name=name,
-                line={"color": _color(i)},
-            )
-        )
+        x, waiting = _bucketed(table.time_s, table.column("waiting").sum(axis=1), "mean")
+        add_scatter(fig, _f32(x), _f32(waiting), mode="lines", name=name, line={"color": _color(i)})
     return fig
 
 
-def _kv_figure(variant: VariantResult, series: pd.DataFrame, index: int) -> go.Figure:
-    fig = _figure(f"KV cache use per replica — {variant.name}", "time (s)", "KV blocks used / capacity")
-    fig.update_yaxes(range=[0, 1.02])
-    if series.empty:
+def _kv_figure(variant: VariantResult, table: _ReplicaTable, index: int) -> Figure:
+    fig = _figure(f"KV cache use per replica — {variant.name}", "time (s)", "KV blocks used / capacity",
+                  {"yaxis": {"range": [0, 1.02]}})
+    if not len(table):
         return fig
-    table = _pivot(series, "kv_util")
-    if table.shape[1] <= MAX_REPLICA_LINES:
-        table = _bucketed(table, lambda g: g.mean())
-        for j, replica in enumerate(table.columns):
-            fig.add_trace(
-                go.Scatter(
-                    x=_f32(table.index.to_numpy()),
-                    y=_f32(table[replica].to_numpy()),
-                    mode="lines",
-                    name=f"replica {replica}",
-                    line={"color": _color(j)},
-                )
-            )
+    util = table.column("kv_util")
+    if len(table.replicas) <= MAX_REPLICA_LINES:
+        x, util = _bucketed(table.time_s, util, "mean")
+        for j, replica in enumerate(table.replicas):
+            add_scatter(fig, _f32(x), _f32(util[:, j]), mode="lines", name=f"replica {replica}",
+                        line={"color": _color(j)})
         return fig
-    stats = pd.DataFrame({"min": table.min(axis=1), "mean": table.mean(axis=1), "max": table.max(axis=1)})
-    stats = _bucketed(stats, lambda g: g.agg({"min": "min", "mean": "mean", "max": "max"}))
-    x = _f32(stats.index.to_numpy())
+    x, low = _bucketed(table.time_s, util.min(axis=1), "min")
+    _, mean = _bucketed(table.time_s, util.mean(axis=1), "mean")
+    _, high = _bucketed(table.time_s, util.max(axis=1), "max")
     color = _color(index)
-    fig.add_trace(
-        go.Scatter(
-            x=x,
-            y=_f32(stats["max"].to_numpy()),
-            mode="lines",
-            name="max over replicas",
-            line={"color": color, "width": 0.5},
-        )
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=x,
-            y=_f32(stats["min"].to_numpy()),
-            mode="lines",
-            name="min over replicas",
-            line={"color": color, "width": 0.5},
-            fill="tonexty",
-        )
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=x,
-            y=_f32(stats["mean"].to_numpy()),
-            mode="lines",
-            name="mean",
-            line={"color": color, "width": 2},
-        )
-    )
+    add_scatter(fig, _f32(x), _f32(high), mode="lines", name="max over replicas", line={"color": color, "width": 0.5})
+    add_scatter(fig, _f32(x), _f32(low), mode="lines", name="min over replicas", line={"color": color, "width": 0.5},
+                fill="tonexty")
+    add_scatter(fig, _f32(x), _f32(mean), mode="lines", name="mean", line={"color": color, "width": 2})
     return fig
 
 
-def _prefix_figure(result: RunResult, series: dict[str, pd.DataFrame]) -> go.Figure:
+def _prefix_figure(result: RunResult, tables: dict[str, _ReplicaTable]) -> Figure:
     fig = _figure(
         "Prefix-cache hit rate over time (fleet, per bucket)",
         "time (s)",
         "prompt tokens from cache / prompt tokens",
+        {"yaxis": {"range": [0, 1.02]}},
     )
-    fig.update_yaxes(range=[0, 1.02])
     for i, name in enumerate(result.variants):
-        if series[name].empty:
+        table = tables[name]
+        if not len(table):
             continue
-        cum = pd.DataFrame(
-            {
-                "hit": _pivot(series[name], "prefix_hit_tokens_cum").sum(axis=1),
-                "prompt": _pivot(series[name], "prompt_tokens_cum").sum(axis=1),
-            }
-        )
+        cum = np.stack([table.column("prefix_hit_tokens_cum").sum(axis=1),
+                        table.column("prompt_tokens_cum").sum(axis=1)], axis=1)  # (num_times, 2)
         # Windowed rate from the cumulative counters at bucket ends, so no prompt token is lost between
         # buckets; NaN where no prompt was admitted in the bucket.
-        last = _bucketed(cum, lambda g: g.last())
-        d_hit = np.diff(last["hit"].to_numpy(dtype=np.float64), prepend=0.0)
-        d_prompt = np.diff(last["prompt"].to_numpy(dtype=np.float64), prepend=0.0)
+        x, last = _bucketed(table.time_s, cum, "last")
+        d_hit = np.diff(last[:, 0], prepend=0.0)
+        d_prompt = np.diff(last[:, 1], prepend=0.0)
         with np.errstate(divide="ignore", invalid="ignore"):
             rate = np.where(d_prompt > 0, d_hit / d_prompt, np.nan)
-        fig.add_trace(
-            go.Scatter(
-                x=_f32(last.index.to_numpy()),
-                y=_f32(rate),
-                mode="lines",
-                name=name,
-                line={"color": _color(i)},
-                connectgaps=False,
-            )
-        )
+        add_scatter(fig, _f32(x), _f32(rate), mode="lines", name=name, line={"color": _color(i)}, connectgaps=False)
     return fig
 
 
@@ -431,27 +398,27 @@ table.summary tbody th { text-align: left; font-weight: normal; color: #444; }
 """
 
 
-def build_figures(result: RunResult) -> dict[str, go.Figure]:
+def build_figures(result: RunResult) -> dict[str, Figure]:
     """Every plot of the report, keyed by its div id, in page order: ``ttft-cdf``, ``tpot-cdf``,
     ``e2e-cdf``, ``throughput``, ``queue``, ``prefix-hit``, then ``kv-util-<i>`` per variant. The
     dashboard shows the same figures."""
     reqs = {name: _Requests(v) for name, v in result.variants.items()}
-    series = {name: result.series_df(name) for name in result.variants}
+    tables = {name: _ReplicaTable(v.series) for name, v in result.variants.items()}
     end_s = max(
         *(r.end_s for r in reqs.values()),
         *(v.summary.duration_s + v.summary.warmup_s for v in result.variants.values()),
     )
 
-    figures: dict[str, go.Figure] = {
+    figures: dict[str, Figure] = {
         "ttft-cdf": _cdf_figure(result, reqs, "ttft_ms", "TTFT"),
         "tpot-cdf": _cdf_figure(result, reqs, "tpot_ms", "TPOT"),
         "e2e-cdf": _cdf_figure(result, reqs, "e2e_ms", "E2E"),
         "throughput": _throughput_figure(result, reqs, end_s),
-        "queue": _queue_figure(result, series),
-        "prefix-hit": _prefix_figure(result, series),
+        "queue": _queue_figure(result, tables),
+        "prefix-hit": _prefix_figure(result, tables),
     }
     for i, (name, v) in enumerate(result.variants.items()):
-        figures[f"kv-util-{i}"] = _kv_figure(v, series[name], i)
+        figures[f"kv-util-{i}"] = _kv_figure(v, tables[name], i)
     figures.update(tier_figures(result))
     figures.update(day_plots({name: v.day for name, v in result.variants.items() if v.day is not None}))
 
@@ -460,25 +427,18 @@ def build_figures(result: RunResult) -> dict[str, go.Figure]:
         for div_id, fig in figures.items():
             if div_id in ("ttft-cdf", "tpot-cdf", "e2e-cdf"):
                 continue
-            fig.add_vrect(
-                x0=0,
-                x1=warmup_s,
-                fillcolor="#999",
-                opacity=0.12,
-                line_width=0,
-                annotation_text="warm-up",
-                annotation_position="top left",
-            )
+            x_per_s = _HOURS_AXIS.get(div_id, 1.0)  # the day's plots count hours on their x axis
+            add_vrect(fig, 0, warmup_s * x_per_s, fillcolor="#999", opacity=0.12, text="warm-up")
     return figures
+
+
+_HOURS_AXIS = {"day-replicas": 1 / 3600, "day-slo-hourly": 1 / 3600}
+"""Plots whose x axis is in hours (the day's replicas; SLO attainment per hour, by hour index)."""
 
 
 def render_report(result: RunResult) -> str:
     """The whole report as one HTML string (plotly.js inlined once; no network needed to view it)."""
-    divs = [
-        fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=div_id,
-                    config={"displaylogo": False, "responsive": True})
-        for i, (div_id, fig) in enumerate(build_figures(result).items())
-    ]
+    plots = figure_html(build_figures(result))
 
     title = html.escape(result.scenario_name)
     profiles = ", ".join(
@@ -510,6 +470,6 @@ def render_report(result: RunResult) -> str:
         f"{day_table({name: v.day for name, v in result.variants.items() if v.day is not None})}"
         '<p class="note">Latency percentiles are over completed requests; SLO attainment counts rejected '
         "and unfinished requests as failures against all arrivals.</p>"
-        f'<h2>Latency and load</h2><div class="grid">{"".join(divs)}</div>'
+        f'<h2>Latency and load</h2><div class="grid">{plots}</div>'
         "</body></html>\n"
     )

@@ -6,36 +6,35 @@ from __future__ import annotations
 import html
 
 import numpy as np
-import plotly.graph_objects as go
 
+from simulator.results.figure import WHITE_TEMPLATE, Figure, add_scatter, figure, titles
 from simulator.results.run_result import RunResult, VariantResult
 
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
 
 
-def tier_figures(result: RunResult) -> dict[str, go.Figure]:
+def tier_figures(result: RunResult) -> dict[str, Figure]:
     """``kv-tiers-<i>`` for each variant with KV tiers: the share of the prompt tokens admitted in each
     interval served by the device's prefix cache and by each tier, stacked."""
-    figures = {}
+    figures: dict[str, Figure] = {}
     for i, (name, variant) in enumerate(result.variants.items()):
         if variant.tiers is not None:
             figures[f"kv-tiers-{i}"] = _hit_figure(name, variant)
     return figures
 
 
-def _hit_figure(name: str, variant: VariantResult) -> go.Figure:
+def _hit_figure(name: str, variant: VariantResult) -> Figure:
     tiers = variant.tiers
     assert tiers is not None
     series = tiers.rate_series
-    fig = go.Figure()
-    fig.update_layout(title=f"{name}: prefix hits per tier over time (fleet, per interval)", xaxis_title="time (s)",
-                      yaxis_title="prompt tokens served / prompt tokens", template="plotly_white", height=360,
-                      margin={"l": 60, "r": 20, "t": 50, "b": 50})
-    fig.update_yaxes(range=[0, 1.02])
+    fig = figure({"template": WHITE_TEMPLATE, "height": 360, "margin": {"l": 60, "r": 20, "t": 50, "b": 50}},
+                 titles(f"{name}: prefix hits per tier over time (fleet, per interval)", "time (s)",
+                        "prompt tokens served / prompt tokens"),
+                 {"yaxis": {"range": [0, 1.02]}})
     x = np.asarray(series["time_s"], dtype=np.float32)
     for j, place in enumerate(["device", *tiers.names]):
-        fig.add_trace(go.Scatter(x=x, y=np.asarray(series[place], dtype=np.float32), mode="lines", name=place,
-                                 stackgroup="hits", line={"color": _PALETTE[j % len(_PALETTE)]}))
+        add_scatter(fig, x, np.asarray(series[place], dtype=np.float32), mode="lines", name=place, stackgroup="hits",
+                    line={"color": _PALETTE[j % len(_PALETTE)]})
     return fig
 
 

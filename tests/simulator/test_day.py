@@ -414,3 +414,18 @@ def test_plan_compares_the_static_answer_with_each_autoscaler(tmp_path: Path,
     assert table[0].startswith("variant,policy,replicas,gpu_hours,cost_per_day_usd")
     assert [row.split(",")[1] for row in table[1:]] == ["static", "concurrency", "oracle"]
     assert "static fleet against each autoscaler" in stdout
+
+
+def test_the_warm_up_band_is_drawn_in_each_plot_s_own_x_unit() -> None:
+    """The day's plots count hours on x; the others seconds: the warm-up band covers the same span in both."""
+    from simulator.results.report import build_figures
+
+    result = run(load_mapping(BASE, ["fleet.replicas=1", "autoscaling={policy: concurrency, target: 4}",
+                                     "simulation.warmup_s=120"]))
+    figures = build_figures(result)
+    bands = {div_id: [s["x1"] for s in fig["layout"].get("shapes", []) if s["type"] == "rect"]
+             for div_id, fig in figures.items()}
+    assert bands["throughput"] == [120]
+    assert bands["day-replicas"] == [pytest.approx(120 / 3600)]
+    assert bands["day-slo-hourly"] == [pytest.approx(120 / 3600)]
+    assert bands["ttft-cdf"] == []

@@ -241,7 +241,7 @@ def test_the_report_shows_the_tiers() -> None:
     result = run(load_mapping(synthetic(2, {"none": {}, "store": tiered([HOST], {**STORE, "source": "compute"})})))
     figures = build_figures(result)
     assert "kv-tiers-1" in figures and "kv-tiers-0" not in figures
-    assert [trace.name for trace in figures["kv-tiers-1"].data] == ["device", "host", "store"]
+    assert [trace["name"] for trace in figures["kv-tiers-1"]["data"]] == ["device", "host", "store"]
     page = render_report(result)
     assert "<h2>KV tiers</h2>" in page and 'id="kv-tiers-1"' in page
     assert '"kv_tiers"' in result.summary_json() and "store" in result.summary_json()

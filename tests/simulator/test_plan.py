@@ -186,17 +186,17 @@ def check_plan_page(result: PlanResult, folder: Path) -> None:
     figures = plan_figures(result)
     assert {"latency-ttft_p99_ms", "latency-tpot_p99_ms", "attainment", "knee"} <= set(figures)
     ttft = figures["latency-ttft_p99_ms"]
-    main, *others = ttft.data
+    main, *others = ttft["data"]
     rows = result.trials[(result.trials["purpose"] == "replicas")]
     means = rows.groupby("replicas")["ttft_p99_ms"].agg(["mean", "min", "max"])
-    assert list(main.x) == list(means.index) and np.allclose(main.y, means["mean"])
-    assert np.allclose(np.asarray(main.error_y.array) + main.y, means["max"])
-    assert np.allclose(main.y - np.asarray(main.error_y.arrayminus), means["min"])
-    assert result.replicas in main.x and len(others) == 2  # steps x0.9 and x1.1
-    assert {t.name for t in others} == {"step times x0.9", "step times x1.1"}
-    shapes = ttft.layout.shapes
-    assert any(sh.y0 == 300 and sh.y1 == 300 for sh in shapes), "the per-request TTFT SLO line"
-    assert any(sh.x0 == result.replicas == sh.x1 for sh in shapes), "the answer's line"
+    assert list(main["x"]) == list(means.index) and np.allclose(main["y"], means["mean"])
+    assert np.allclose(main["error_y"]["array"] + main["y"], means["max"])
+    assert np.allclose(main["y"] - main["error_y"]["arrayminus"], means["min"])
+    assert result.replicas in main["x"] and len(others) == 2  # steps x0.9 and x1.1
+    assert {t["name"] for t in others} == {"step times x0.9", "step times x1.1"}
+    shapes = ttft["layout"]["shapes"]
+    assert any(sh["y0"] == 300 and sh["y1"] == 300 for sh in shapes), "the per-request TTFT SLO line"
+    assert any(sh["x0"] == result.replicas == sh["x1"] for sh in shapes), "the answer's line"
     page = save_plan_report(result, folder).read_text()
     assert "<script src=" not in page and len(page) > 1_000_000  # offline: plotly.js inlined once
     assert page.count("<script>/**") == 1 and page.count("plotly.js v") == 1 and 'id="latency-ttft_p99_ms"' in page

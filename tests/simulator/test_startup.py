@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 NOT_FOR_A_PLAIN_RUN = (
@@ -23,6 +25,8 @@ NOT_FOR_A_PLAIN_RUN = (
 
 CHILD = """
 import sys
+
+import pytest
 from simulator.cli.main import main
 sys.argv = ["fleetsim", "run", "scenarios/quickstart.yaml", "--summary-only", "--out", sys.argv[1],
             "--set", "workload.num_requests=10"]
@@ -64,3 +68,31 @@ def test_the_blas_setting_comes_before_numpy_and_only_for_simulations() -> None:
     lines = done.stdout.strip().splitlines()
     assert lines[0] == "False"
     assert lines[-1] == "None"
+
+
+SAVING = """
+import sys
+
+import pytest
+from simulator.cli.main import main
+sys.argv = ["fleetsim", "run", "scenarios/quickstart.yaml", *sys.argv[2:], "--out", sys.argv[1],
+            "--set", "workload.num_requests=10"]
+code = main()
+print(__import__("json").dumps([code, sorted(sys.modules)]))
+"""
+
+
+@pytest.mark.parametrize("flags", [["--no-report"], []], ids=["tables", "tables-and-report"])
+def test_saving_a_run_needs_neither_pandas_nor_plotly(tmp_path: Path, flags: list[str]) -> None:
+    """The tables are written through Arrow and the report's figures as plotly.js JSON: pandas' import
+    (~0.2 s) and plotly's figure objects (~0.25 s for a report) would be most of a small run's time."""
+    done = subprocess.run([sys.executable, "-c", SAVING, str(tmp_path / "run"), *flags], cwd=ROOT,
+                          capture_output=True, text=True, check=True)
+    code, modules = json.loads(done.stdout.strip().splitlines()[-1])
+    assert code == 0
+    written = {p.name for p in (tmp_path / "run").iterdir()}
+    assert {"requests.parquet", "series.parquet", "summary.json"} <= written
+    assert ("report.html" in written) == (not flags)
+    loaded = set(modules)
+    assert "pyarrow" in loaded
+    assert not {"pandas", "plotly"} & loaded, f"saving imported {sorted({'pandas', 'plotly'} & loaded)}"
