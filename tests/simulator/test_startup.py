@@ -95,4 +95,5 @@ def test_saving_a_run_needs_neither_pandas_nor_plotly(tmp_path: Path, flags: lis
     assert ("report.html" in written) == (not flags)
     loaded = set(modules)
     assert "pyarrow" in loaded
-    assert not {"pandas", "plotly"} & loaded, f"saving imported {sorted({'pandas', 'plotly'} & loaded)}"
+    avoidable = {"pandas", "plotly", "numpy.ma"} & loaded  # numpy.ma: np.unique's and np.percentile's first call
+    assert not avoidable, f"saving imported {sorted(avoidable)}"
