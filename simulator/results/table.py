@@ -107,6 +107,9 @@ class Table:
             return _strings(pa.large_string(), values)
         if values.dtype.kind == "f":
             return _primitive(pa.from_numpy_dtype(values.dtype), values, np.isnan(values))
+        if values.dtype == np.bool_:  # Arrow packs booleans into bits, numpy keeps a byte each
+            bits = np.packbits(values, bitorder="little")
+            return _primitive(pa.bool_(), bits, self.missing.get(name), length=len(values))
         return _primitive(pa.from_numpy_dtype(values.dtype), values, self.missing.get(name))
 
     def _pandas_metadata(self) -> dict[str, object]:
@@ -129,15 +132,18 @@ class Table:
                 "creator": {"library": "pyarrow", "version": pa.__version__}}
 
 
-def _primitive(arrow_type: pa.DataType, values: np.ndarray, missing: np.ndarray | None) -> pa.Array:
-    """An Arrow array over ``values``' own buffer; nulls where ``missing``."""
+def _primitive(arrow_type: pa.DataType, values: np.ndarray, missing: np.ndarray | None,
+               length: int | None = None) -> pa.Array:
+    """An Arrow array of ``length`` values (``len(values)`` unless given: packed bits are fewer bytes) over
+    ``values``' own buffer; nulls where ``missing``."""
     import pyarrow as pa
 
     values = np.ascontiguousarray(values)
+    length = len(values) if length is None else length
     if missing is None or not missing.any():
-        return pa.Array.from_buffers(arrow_type, len(values), [None, pa.py_buffer(values)], null_count=0)
+        return pa.Array.from_buffers(arrow_type, length, [None, pa.py_buffer(values)], null_count=0)
     validity = pa.py_buffer(np.packbits(~missing, bitorder="little"))
-    return pa.Array.from_buffers(arrow_type, len(values), [validity, pa.py_buffer(values)],
+    return pa.Array.from_buffers(arrow_type, length, [validity, pa.py_buffer(values)],
                                  null_count=int(missing.sum()))
 
 

@@ -31,6 +31,7 @@ def sample_table(n: int, seed: int) -> Table:
             "outcome": rng.integers(0, 3, n).astype(np.int8),
             "tokens": rng.integers(0, 10_000, n),
             "ttft_ms": floats,
+            "rejected": rng.random(n) < 0.5,
         },
         missing={"replica": rng.random(n) < 0.4},
         categories={"outcome": CATEGORIES},
