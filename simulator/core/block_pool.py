@@ -882,12 +882,20 @@ class BlockPool:
 
     def _compact(self) -> None:
         """Rebuild the freed queue from its live entries, in order (stale entries only cost memory): every
-        queued block's entry count drops to zero as they are found, and the live ones' go back to one."""
+        queued block's entry count drops to zero as they are found, and the live ones' go back to one.
+
+        A run stays the very list it was, the one at the head with what is out of it still counted by
+        ``_run_offset``: a session's chain refers to its run by identity (``run_live``, ``take_run``,
+        ``index_run``), and ``index_run`` maps a run's positions to its table's from the run's start."""
+        offset = self._run_offset
+        head_run = self._freed[self._freed_head] if offset else None  # a part of it is out: the head is a run
         live = self._take_live(self._entries, flatten=False)
         entries = self._entries
         for held in live:
             if not isinstance(held, list):
                 entries[held] = 1
+        if head_run is not None:
+            live[0] = head_run  # (``_take_live`` lists what is left of it, a new list)
         self._freed = live
         self._freed_head = 0
-        self._run_offset = 0
+        self._run_offset = offset

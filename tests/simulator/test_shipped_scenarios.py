@@ -280,3 +280,17 @@ def test_speculation_pays_at_low_load_and_stops_paying_at_high_load(speculative:
     # Even at α = 0.9 the gain shrinks with the batch.
     low_strong = speculative["k4-a0.9-1rps"]
     assert high_off.tpot_p50_ms / high_strong.tpot_p50_ms < low_off.tpot_p50_ms / low_strong.tpot_p50_ms
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast-path", "step-by-step"])
+def test_long_document_sessions_run_to_the_end_on_one_replica(fast_path: bool) -> None:
+    """kv_tiers' long-document chat on one replica: sessions' turns take over the runs their last turns left
+    while the pool's queue is compacted under them (it once handed a later turn blocks other requests held,
+    and the run stopped on a double free or on a run no longer queued). Every request accounted for, every
+    block conserved (``check``)."""
+    loaded = scenario_variants("kv_tiers", ["doc_gpu_only"],
+                               ["fleet.replicas=1", "workload.num_requests=100", f"simulation.fast_path={fast_path}"])
+    result = run(loaded, check=True)
+    summary = result.variants["doc_gpu_only"].summary
+    assert summary.requests_completed == summary.requests_arrived == 100
+    assert summary.prefix_hit_rate > 0.5

@@ -251,3 +251,43 @@ def test_compaction_keeps_runs_whole_and_in_place() -> None:
     assert len(pool._freed) < 1100
     assert pool.free_queue[-3:] == [own[1], own[0], shared[0]] and pool.free_queue[:-3] == order[:-3]
 
+
+
+def _partly_handed_out_run_then_compacted() -> tuple[BlockPool, list[int], list[int]]:
+    """A run (a finished request's marked blocks) at the head of the queue with two of its four blocks handed
+    out, then a compaction (hits on a free block leave stale entries until the queue is rebuilt)."""
+    pool = BlockPool(8)
+    fresh = pool.get_new_blocks(8)  # every block out: what follows comes from the freed queue
+    shared, own = fresh[:1], fresh[1:5]
+    pool.cache_range(shared, (1,), 0, 1)
+    pool.cache_range(own, (2, 3, 4, 5), 0, 4, private_from=0)
+    run = list(own)
+    pool.free_marked_table(run, 0, 4)  # the queue's head: own's blocks, last first
+    pool.free_blocks(shared)
+    assert pool.get_new_blocks(2) == [own[3], own[2]]
+    compactions = 0
+    for _ in range(1100):  # past _COMPACT_SLACK stale entries
+        before = len(pool._freed)
+        pool.touch(shared)
+        pool.free_blocks(shared)
+        compactions += len(pool._freed) < before
+    assert compactions
+    return pool, run, own
+
+
+def test_compaction_keeps_a_run_the_very_list_a_chain_refers_to() -> None:
+    """A session's chain holds its last turn's run by identity: after a compaction the run is still queued and
+    still answers with only the blocks not handed out (a copy left in the queue instead let a later turn take
+    blocks other requests held: a double free)."""
+    pool, run, own = _partly_handed_out_run_then_compacted()
+    assert pool.run_live(run) == 2 and pool.run_blocks(run) == [own[0], own[1]]
+    assert pool.get_new_blocks(1) == [own[1]]  # the queue hands out the same run's next block
+    assert pool.run_live(run) == 1 and pool.take_run(run) == 1
+    assert pool.num_free == 1 and not set(pool.free_queue) & set(own)
+
+
+def test_a_compacted_run_is_indexed_under_its_own_blocks_hashes() -> None:
+    pool, run, own = _partly_handed_out_run_then_compacted()
+    pool.index_run(run, (2, 3, 4, 5), 4)  # the run was table[0:4]: its live part is own[0], own[1]
+    assert pool.cached[2] == own[0] and pool.cached[3] == own[1] and 4 not in pool.cached and 5 not in pool.cached
+    assert pool.get_new_blocks(2) == [own[1], own[0]]
