@@ -2,6 +2,7 @@
 the requests' ``private_from`` (their own blocks marked, not indexed) and one not (every block indexed).
 Every lookup, table, hand-out order, eviction count and cached-block count must agree at every step."""
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -13,6 +14,8 @@ from hypothesis.stateful import (
 )
 from kv_twins import TwinKVMachine
 
+from simulator import native
+from simulator.core import block_pool
 from simulator.core.block_pool import BlockPool
 from simulator.core.kv_manager import KVManager
 from simulator.core.request import HashTail, Request, RequestSpec, splitmix64
@@ -291,3 +294,13 @@ def test_a_compacted_run_is_indexed_under_its_own_blocks_hashes() -> None:
     pool.index_run(run, (2, 3, 4, 5), 4)  # the run was table[0:4]: its live part is own[0], own[1]
     assert pool.cached[2] == own[0] and pool.cached[3] == own[1] and 4 not in pool.cached and 5 not in pool.cached
     assert pool.get_new_blocks(2) == [own[1], own[0]]
+
+
+def test_the_twins_agree_through_compactions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The twin machine with the free queue compacted whenever its stale entries outnumber its live ones
+    (at the shipped threshold, a thousand stale entries, these small pools never compact)."""
+    if native.active():
+        pytest.skip("the compiled pool reads the compaction threshold as a constant")
+    monkeypatch.setattr(block_pool, "_COMPACT_SLACK", 0)
+    run_state_machine_as_test(TwinMachine, settings=settings(max_examples=150, stateful_step_count=50,
+                                                             deadline=None, database=None, derandomize=True))
