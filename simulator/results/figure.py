@@ -107,7 +107,7 @@ def _merged(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any
 def _copy(value: Any) -> Any:
     if isinstance(value, Mapping):
         return _merged({}, value)
-    return list(value) if isinstance(value, list) else value
+    return [_copy(item) for item in value] if isinstance(value, list) else value  # a template's list of dicts too
 
 
 def add_scatter(fig: Figure, x: Any, y: Any, **trace: Any) -> None:

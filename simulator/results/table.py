@@ -46,6 +46,11 @@ class Table:
         unknown = (set(self.missing) | set(self.categories)) - set(self.columns)
         if unknown:
             raise ValueError(f"missing values or categories for columns the table lacks: {sorted(unknown)}")
+        for name, mask in self.missing.items():
+            values = self.columns[name]
+            if values.dtype.kind not in "iu" or mask.dtype != np.bool_ or mask.shape != values.shape:
+                raise ValueError(f"column {name!r}: missing values are a boolean mask over an integer column "
+                                 f"of its length (a {values.dtype} column, a {mask.dtype} mask of {mask.shape})")
 
     def __len__(self) -> int:
         return len(next(iter(self.columns.values()))) if self.columns else 0
@@ -126,7 +131,9 @@ class Table:
                 entry |= {"pandas_type": "unicode", "numpy_type": "object"}
             else:
                 dtype = values.dtype.name
-                entry |= {"pandas_type": dtype, "numpy_type": dtype.capitalize() if name in self.missing else dtype}
+                # a nullable integer is pandas' extension type: Int32, UInt64, ...
+                nullable = ("UInt" if values.dtype.kind == "u" else "Int") + str(8 * values.dtype.itemsize)
+                entry |= {"pandas_type": dtype, "numpy_type": nullable if name in self.missing else dtype}
             columns.append(entry)
         return {"index_columns": [], "column_indexes": [], "columns": columns, "attributes": {},
                 "creator": {"library": "pyarrow", "version": pa.__version__}}
@@ -138,7 +145,7 @@ def _primitive(arrow_type: pa.DataType, values: np.ndarray, missing: np.ndarray 
     ``values``' own buffer; nulls where ``missing``."""
     import pyarrow as pa
 
-    values = np.ascontiguousarray(values)
+    values = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("="))  # Arrow's buffers are native-endian
     length = len(values) if length is None else length
     if missing is None or not missing.any():
         return pa.Array.from_buffers(arrow_type, length, [None, pa.py_buffer(values)], null_count=0)

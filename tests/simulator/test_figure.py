@@ -71,6 +71,10 @@ def test_a_figure_owns_its_layout() -> None:
                              "height": 360, "title": {"text": "two"}, "yaxis": {"title": {"text": "rate"}}}
     assert one["layout"]["legend"] == {"y": -0.2, "orientation": "h"}
     assert [a["text"] for a in one["layout"]["annotations"]] == ["answer: 3", "target 0.9"]
+    # a style's lists of dicts are copied too: a template's traces are a list of dicts
+    shared = {"template": WHITE_TEMPLATE}
+    figure(shared)["layout"]["template"]["data"]["scatter"][0]["mode"] = "markers"
+    assert "mode" not in WHITE_TEMPLATE["data"]["scatter"][0]
 
 
 def test_the_library_is_inlined_once_before_the_first_plot() -> None:

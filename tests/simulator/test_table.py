@@ -83,3 +83,18 @@ def test_inconsistent_tables_are_refused() -> None:
         Table({"a": np.zeros(2)}, missing={"b": np.zeros(2, dtype=bool)})
     with pytest.raises(ValueError, match="different columns"):
         Table.concat([Table({"a": np.zeros(2)}), Table({"b": np.zeros(2)})])
+
+
+def test_unsigned_nullable_and_foreign_byte_order_columns_read_back(tmp_path: Path) -> None:
+    table = Table({"n": np.array([1, 2, 3], dtype=np.uint32), "x": np.arange(3, dtype=">f8"),
+                   "i": np.arange(3, dtype=">i8")}, missing={"n": np.array([False, True, False])})
+    back = round_trip(table, tmp_path / "t.parquet")
+    assert str(back["n"].dtype) == "UInt32" and back["n"].isna().tolist() == [False, True, False]
+    assert back["x"].tolist() == [0.0, 1.0, 2.0] and back["i"].tolist() == [0, 1, 2]
+
+
+def test_a_missing_mask_must_fit_an_integer_column() -> None:
+    with pytest.raises(ValueError, match="of its length"):
+        Table({"a": np.arange(4)}, missing={"a": np.array([True])})
+    with pytest.raises(ValueError, match="integer column"):
+        Table({"a": np.zeros(2)}, missing={"a": np.zeros(2, dtype=bool)})
