@@ -105,6 +105,13 @@ class WorkloadConfig(Section):
                 raise ValueError(f"a synthetic workload needs {missing} (or give a trace)")
             if self.num_requests is None and self.duration_s is None:
                 raise ValueError("give num_requests or duration_s (or both) so the workload ends")
+            if self.sessions is not None and self.system_prompts is not None \
+                    and self.system_prompts.tokens + 2 > self.sessions.max_context_tokens:
+                # (a turn is at least its system prompt, one prompt token and one answer token)
+                raise ValueError(
+                    f"system_prompts.tokens ({self.system_prompts.tokens}) leaves no room for a turn under "
+                    f"sessions.max_context_tokens ({self.sessions.max_context_tokens}, Llama-3-8B's context "
+                    "unless set): raise max_context_tokens or shorten the system prompts")
             return self
         extra = [n for n in ("prompt_tokens", "output_tokens", "system_prompts", "sessions") if getattr(self, n)]
         if extra:

@@ -7,12 +7,18 @@ from pathlib import Path
 
 import numpy as np
 
+from simulator.errors import ConfigError
 from simulator.workload.arrival import arrival_times
 from simulator.workload.block_keys import BlockTag, SyntheticBlockKeys
 from simulator.workload.config import SessionConfig, SystemPromptPool, WorkloadConfig
 from simulator.workload.lengths import sample_lengths
 from simulator.workload.random_streams import Stream, rng
 from simulator.workload.workload import Workload
+
+_MAX_SESSIONS_PER_REQUEST = 20
+"""Sessions drawn per request asked for before ``generate_sessions`` gives up: a session holds at least one
+turn unless its first turn does not fit under ``max_context_tokens``, so needing more means that nearly none
+fits."""
 
 
 def draw_system_prompts(pool: SystemPromptPool | None, seed: int, size: int) -> tuple[np.ndarray | None, int]:
@@ -49,6 +55,13 @@ def generate_sessions(
         horizon = turns["session_starts"][-1]
         if np.count_nonzero(turns["arrival_s"] <= horizon) >= (config.num_requests or 0):
             break
+        if num_sessions > _MAX_SESSIONS_PER_REQUEST * (config.num_requests or 0):
+            # Each draw is half as large again: without this the loop would grow until memory ran out.
+            raise ConfigError(
+                f"only {len(turns['arrival_s'])} turns of {num_sessions} sessions fit under "
+                f"sessions.max_context_tokens ({sessions.max_context_tokens}): a session ends before a turn "
+                "whose system prompt, history, prompt and answer exceed it, and most first turns do; raise "
+                "max_context_tokens or shorten the prompts", field="workload")
         num_sessions = num_sessions * 3 // 2 + 1
     order = order[: config.num_requests]
     sorted_turns = {name: column[order] for name, column in turns.items() if name != "session_starts"}

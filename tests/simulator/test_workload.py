@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from simulator.core.request import RequestSpec
+from simulator.errors import ConfigError
 from simulator.workload.arrival import ARRIVAL_PROCESSES, CurveArrival, arrival_times
 from simulator.workload.block_keys import chain_hashes
 from simulator.workload.config import WorkloadConfig
@@ -521,3 +522,20 @@ def test_values_from_is_the_hashes_from_each_requests_first_block(kind: str) -> 
     first = np.minimum(rng.integers(0, 8, n), counts)
     expected = [h for i in range(n) for h in values[bounds[i] + first[i]:bounds[i + 1]].tolist()]
     assert keys.values_from(0, n, first).tolist() == expected
+
+
+def test_a_system_prompt_longer_than_the_context_is_refused_at_load() -> None:
+    with pytest.raises(ValidationError, match=r"system_prompts.tokens \(7000\) leaves no room"):
+        session_config(system_prompts={"num_prompts": 2, "tokens": 7000})
+
+
+def test_sessions_whose_first_turns_do_not_fit_end_in_an_error_not_an_endless_draw() -> None:
+    """The system prompt fits, but with every prompt at least 300 tokens no first turn does: drawing half as
+    many sessions again each time would grow until memory ran out."""
+    too_long = session_config(system_prompts={"num_prompts": 2, "tokens": 5800},
+                              prompt_tokens={"dist": "lognormal", "median": 400, "sigma": 0.5, "min": 300})
+    with pytest.raises(ConfigError, match=r"only 0 turns of \d+ sessions fit under sessions.max_context_tokens"):
+        generate(too_long, seed=1, block_size=BLOCK)
+    # where some first turns fit, the draw goes on until it has the turns asked for
+    some = session_config(system_prompts={"num_prompts": 2, "tokens": 5500}, num_requests=300)
+    assert len(generate(some, seed=1, block_size=BLOCK)) == 300
