@@ -19,6 +19,8 @@ _MAX_SESSIONS_PER_REQUEST = 20
 """Sessions drawn per request asked for before ``generate_sessions`` gives up: a session holds at least one
 turn unless its first turn does not fit under ``max_context_tokens``, so needing more means that nearly none
 fits."""
+_SESSIONS_JUDGED = 200
+"""Sessions drawn before the share of them that fits is judged (``generate_sessions``)."""
 
 
 def draw_system_prompts(pool: SystemPromptPool | None, seed: int, size: int) -> tuple[np.ndarray | None, int]:
@@ -55,10 +57,14 @@ def generate_sessions(
         horizon = turns["session_starts"][-1]
         if np.count_nonzero(turns["arrival_s"] <= horizon) >= (config.num_requests or 0):
             break
-        if num_sessions > _MAX_SESSIONS_PER_REQUEST * (config.num_requests or 0):
-            # Each draw is half as large again: without this the loop would grow until memory ran out.
+        kept = len(turns["arrival_s"])
+        # Each draw is half as large again: without a stop the loop would grow until memory ran out. Fewer
+        # turns kept than one per _MAX_SESSIONS_PER_REQUEST sessions drawn (judged on a few hundred) says
+        # that far more than that many sessions per request would be needed: stop now, not sessions later.
+        hopeless = num_sessions >= _SESSIONS_JUDGED and kept * _MAX_SESSIONS_PER_REQUEST < num_sessions
+        if hopeless or num_sessions > _MAX_SESSIONS_PER_REQUEST * (config.num_requests or 0):
             raise ConfigError(
-                f"only {len(turns['arrival_s'])} turns of {num_sessions} sessions fit under "
+                f"only {kept} turns of {num_sessions} sessions fit under "
                 f"sessions.max_context_tokens ({sessions.max_context_tokens}): a session ends before a turn "
                 "whose system prompt, history, prompt and answer exceed it, and most first turns do; raise "
                 "max_context_tokens or shorten the prompts", field="workload")

@@ -536,6 +536,11 @@ def test_sessions_whose_first_turns_do_not_fit_end_in_an_error_not_an_endless_dr
                               prompt_tokens={"dist": "lognormal", "median": 400, "sigma": 0.5, "min": 300})
     with pytest.raises(ConfigError, match=r"only 0 turns of \d+ sessions fit under sessions.max_context_tokens"):
         generate(too_long, seed=1, block_size=BLOCK)
+    # judged on the first draw, not after drawing twenty sessions per request asked for
+    many = too_long.model_copy(update={"num_requests": 200_000})
+    with pytest.raises(ConfigError) as refused:
+        generate(many, seed=1, block_size=BLOCK)
+    assert int(str(refused.value).split(" turns of ")[1].split()[0]) <= 200_000
     # where some first turns fit, the draw goes on until it has the turns asked for
     some = session_config(system_prompts={"num_prompts": 2, "tokens": 5500}, num_requests=300)
     assert len(generate(some, seed=1, block_size=BLOCK)) == 300
