@@ -327,7 +327,11 @@ class LoadedScenario:
         out = {}
         base = {k: v for k, v in self.raw.items() if k != "variants"}
         for name, override in self.scenario.variants.items():
-            merged = deep_merge(base, expand_dotted(override))
+            try:
+                expanded = expand_dotted(override)
+            except ConfigError as err:
+                raise ConfigError(err.message, file=self.source, field=f"variants.{name}") from None
+            merged = deep_merge(base, expanded)
             out[name] = validate(merged, file=self.source, field_prefix=f"variants.{name}")
         return out
 
@@ -408,13 +412,21 @@ def apply_override(raw: dict[str, Any], item: str, *, file: Path | None = None) 
 
 
 def expand_dotted(mapping: dict[str, Any]) -> dict[str, Any]:
-    """{"engine.batching": "static"} -> {"engine": {"batching": "static"}} (nested maps pass through)."""
+    """{"engine.batching": "static"} -> {"engine": {"batching": "static"}} (nested maps pass through).
+
+    A key with an empty part (``""``, ``"engine."``), or a dotted key that needs a section where an earlier
+    key put a value (``{"engine": 1, "engine.batching": ...}``), is a ConfigError naming the key."""
     out: dict[str, Any] = {}
     for key, value in mapping.items():
         parts = str(key).split(".")
+        if not all(parts):
+            raise ConfigError(f"key {str(key)!r} has an empty part (keys are names, dotted paths of names)")
         node = out
-        for part in parts[:-1]:
+        for depth, part in enumerate(parts[:-1]):
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"key {str(key)!r} needs a section at {'.'.join(parts[:depth + 1])!r}, "
+                                  "where another key put a value")
         node[parts[-1]] = expand_dotted(value) if isinstance(value, dict) else value
     return out
 

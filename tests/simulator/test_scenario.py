@@ -297,3 +297,14 @@ def test_default_profile_skips_the_projects_own_engine_unless_nothing_else_match
     named = FleetConfig(hardware="H200", model="llama-3-8b", tp=1, profile="h200-llama-3-8b-tp1-measured")
     assert pick_profile(named) == measured
     assert pick_profile(FleetConfig(hardware="CPU", model="small", tp=1)).name == "cpu-small-tp1-measured"
+
+
+@pytest.mark.parametrize("override", [{"": 0}, {"engine.": "static"}, {"engine": 1, "engine.batching": "static"},
+                                      {"": 0, ".": 0}], ids=["empty", "empty-part", "value-then-section", "fuzzed"])
+def test_a_variant_with_keys_that_cannot_nest_is_one_config_error(override: dict[str, Any]) -> None:
+    """Found by the scenario fuzzer: ``{"": 0, ".": 0}`` as a variant stopped on a TypeError (a section
+    wanted where a value already was)."""
+    raw = {**BASE, "variants": {"a": override}}
+    with pytest.raises(ConfigError) as refused:
+        load_mapping(raw)
+    assert "variants.a" in str(refused.value) and "\n" not in str(refused.value)
