@@ -106,7 +106,7 @@ class RunResult:
             if with_tiers:  # the load share of TTFT (its queue and compute shares follow from it)
                 load_ms = (v.tiers.load_ms(table.columns["request_id"]) if v.tiers is not None
                            else np.full(len(table), np.nan))
-                table = table.with_column("load_ms", np.asarray(load_ms, dtype=np.float64))
+                table = table.with_column("load_ms", load_ms)
             tables.append(table)
         return Table.concat(tables)
 

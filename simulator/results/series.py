@@ -156,9 +156,9 @@ class ReplicaSeries:
         return {
             "replica": np.full(len(c["time_s"]), self.replica, dtype=np.int32),
             **c,
-            "kv_util": kv_util.astype(np.float64),
-            "prefix_hit_rate": windowed.astype(np.float64),
-            "prefix_hit_rate_cum": cumulative.astype(np.float64),
+            "kv_util": kv_util,
+            "prefix_hit_rate": windowed,
+            "prefix_hit_rate_cum": cumulative,
         }
 
     def to_frame(self) -> pd.DataFrame:
