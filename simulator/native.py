@@ -38,6 +38,7 @@ MODULES = (
     "simulator.core.block_pool",
     "simulator.core.kv_manager",
     "simulator.core.kv_transfer",
+    "simulator.core.kv_tiers",
     "simulator.core.scheduler",
     "simulator.core.decode_run",
     "simulator.cost.interpolation",

@@ -29,7 +29,7 @@ Standard library only; imports neither simpy nor torch.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -61,8 +61,14 @@ class EvictionOrder(Protocol):
     def __len__(self) -> int: ...
     def add(self, block_hash: int) -> None: ...
     def touch(self, block_hash: int) -> None: ...
+    def touch_range(self, block_hashes: Sequence[int], start: int, stop: int) -> None:
+        """``touch`` each of ``block_hashes[start:stop]`` it holds, in order."""
+        ...
     def pop_victim(self) -> int: ...
     def hashes(self) -> list[int]: ...
+    def members(self) -> Container[int]:
+        """The held hashes as a container kept current (looked up without a call per hash)."""
+        ...
 
 
 class LRUOrder:
@@ -83,17 +89,30 @@ class LRUOrder:
     def touch(self, block_hash: int) -> None:
         self._order.move_to_end(block_hash)
 
+    def touch_range(self, block_hashes: Sequence[int], start: int, stop: int) -> None:
+        order = self._order
+        for position in range(start, stop):
+            block_hash = block_hashes[position]
+            if block_hash in order:
+                order.move_to_end(block_hash)
+
     def pop_victim(self) -> int:
         return self._order.popitem(last=False)[0]
 
     def hashes(self) -> list[int]:
         return list(self._order)
 
+    def members(self) -> Container[int]:
+        return self._order
+
 
 class FIFOOrder(LRUOrder):
     """First stored first out; a hit does not rejuvenate a block."""
 
     def touch(self, block_hash: int) -> None:
+        pass
+
+    def touch_range(self, block_hashes: Sequence[int], start: int, stop: int) -> None:
         pass
 
 
@@ -143,6 +162,11 @@ class TierStore:
         self.num_evicted = 0
         self.shared = False
         """Shared by several replicas' hierarchies (its counters are theirs together)."""
+        self.membership_version = 0
+        """Moves whenever a hash enters or leaves (``KVTiers.plan`` reuses a lookup while none has)."""
+        self.order_version = 0
+        """Moves whenever its eviction order may have changed: a hash stored, touched or evicted
+        (``KVTiers.refresh`` skips touching again a run it touched last, with nothing done since)."""
 
     def __contains__(self, block_hash: int) -> bool:
         return block_hash in self._order
@@ -159,7 +183,17 @@ class TierStore:
         return self._order.hashes()
 
     def touch(self, block_hash: int) -> None:
+        self.order_version += 1
         self._order.touch(block_hash)
+
+    def touch_range(self, block_hashes: Sequence[int], start: int, stop: int) -> None:
+        """Touch each of ``block_hashes[start:stop]`` it holds, in order."""
+        self.order_version += 1
+        self._order.touch_range(block_hashes, start, stop)
+
+    def members(self) -> Container[int]:
+        """Its hashes, as a container kept current: ``hash in members()`` is ``hash in self``."""
+        return self._order.members()
 
     def offer(self, block_hash: int, num_hits: int) -> tuple[bool, list[int]]:
         """Store ``block_hash`` if admitted. Returns (taken: stored or already held, victims evicted)."""
@@ -167,6 +201,7 @@ class TierStore:
         order = self._order
         if block_hash in order:
             self.num_present += 1
+            self.order_version += 1
             order.touch(block_hash)
             return True, []
         capacity = self.spec.capacity_blocks
@@ -175,6 +210,8 @@ class TierStore:
             return False, []
         victims = self._make_room(1)
         order.add(block_hash)
+        self.membership_version += 1
+        self.order_version += 1
         self.num_stored += 1
         return True, victims
 
@@ -201,7 +238,10 @@ class TierStore:
         order = self._order
         while len(order) and len(order) + self.num_reserved + num_blocks > capacity:
             victims.append(order.pop_victim())
-        self.num_evicted += len(victims)
+        if victims:
+            self.num_evicted += len(victims)
+            self.membership_version += 1
+            self.order_version += 1
         return victims
 
 
@@ -291,6 +331,21 @@ class KVTiers:
         block there must be loaded first); the fleet sets them."""
         self.written_on_compute = [i for i, s in enumerate(stores) if s.spec.source is TierSource.COMPUTE]
         """Tiers written as blocks are computed (``on_compute``); the pool calls it only when there are any."""
+        self._members = [s.members() for s in self.stores]
+        """Each tier's hashes, looked up directly by ``find``."""
+        # A queue head the KV cannot take yet is planned again step after step, its lookup walking its whole
+        # prompt (a 24k-token document's 1,500 blocks) and its refresh touching as many: ``plan`` keeps its
+        # last answer, reused while no tier's membership moved, and ``refresh`` skips a run it touched last
+        # while no tier's order moved since (touching it again would leave every order as it is).
+        self._plan_hashes: tuple[int, ...] | None = None
+        self._plan_args = (0, 0, 0)
+        """(device hits, prompt tokens, max blocks) of the plan kept."""
+        self._plan_versions: list[int] = []
+        self._plan: TierLoad | None = None
+        self._refreshed: TierLoad | None = None
+        self._refreshed_hashes: Sequence[int] | None = None
+        self._refreshed_start = 0
+        self._refreshed_versions: list[int] = []
 
     # ----- eviction -----------------------------------------------------------------------------------
 
@@ -332,23 +387,55 @@ class KVTiers:
 
     def find(self, block_hashes: Sequence[int], start: int, stop: int) -> list[int]:
         """Per block from ``start`` on (before ``stop``), the first tier holding it, while found."""
-        stores = self.stores
+        members = self._members
+        num_tiers = len(members)
         found: list[int] = []
-        for position in range(start, min(stop, len(block_hashes))):
+        end = len(block_hashes)
+        if stop < end:
+            end = stop
+        for position in range(start, end):
             block_hash = block_hashes[position]
-            for index, store in enumerate(stores):
-                if block_hash in store:
-                    found.append(index)
-                    break
-            else:
+            index = 0
+            while index < num_tiers and block_hash not in members[index]:
+                index += 1
+            if index == num_tiers:
                 break
+            found.append(index)
         return found
 
     def plan(self, block_hashes: Sequence[int], num_device_hits: int, num_prompt_tokens: int,
              max_blocks: int) -> TierLoad | None:
         """The blocks after the device's ``num_device_hits`` hits found in the tiers (at most up to
         ``max_blocks`` in all), and how many of them to load: the m that minimises load time plus the
-        prefill of the prompt from there. None when no tier holds the next block."""
+        prefill of the prompt from there. None when no tier holds the next block.
+
+        The same arguments with no tier's membership moved since give the same answer (the same object:
+        a ``TierLoad`` is not changed by its users)."""
+        stores = self.stores
+        if isinstance(block_hashes, tuple):  # immutable: the same object holds the same hashes
+            if (block_hashes is self._plan_hashes
+                    and self._plan_args == (num_device_hits, num_prompt_tokens, max_blocks)
+                    and self._versions_match(self._plan_versions, True)):
+                return self._plan
+            self._plan_hashes = block_hashes
+            self._plan_args = (num_device_hits, num_prompt_tokens, max_blocks)
+            self._plan_versions = [store.membership_version for store in stores]
+            self._plan = self._search(block_hashes, num_device_hits, num_prompt_tokens, max_blocks)
+            return self._plan
+        return self._search(block_hashes, num_device_hits, num_prompt_tokens, max_blocks)
+
+    def _versions_match(self, saved: list[int], membership: bool) -> bool:
+        stores = self.stores
+        for index in range(len(stores)):
+            store = stores[index]
+            version = store.membership_version if membership else store.order_version
+            if version != saved[index]:
+                return False
+        return True
+
+    def _search(self, block_hashes: Sequence[int], num_device_hits: int, num_prompt_tokens: int,
+                max_blocks: int) -> TierLoad | None:
+        """``plan``, worked out."""
         found = self.find(block_hashes, num_device_hits, max_blocks)
         if not found:
             return None
@@ -394,12 +481,25 @@ class KVTiers:
     def refresh(self, load: TierLoad, block_hashes: Sequence[int], start: int) -> None:
         """Make the blocks a load will read the most recently used of their tiers, before the admission
         allocates device blocks (whose evictions move down and could otherwise push them out first).
-        ``block_hashes[start:]`` are the found blocks."""
-        for position in range(load.num_load_blocks):
-            store = self.stores[load.tiers[position]]
-            block_hash = block_hashes[start + position]
-            if block_hash in store:
-                store.touch(block_hash)
+        ``block_hashes[start:]`` are the found blocks. A tier's blocks are touched in prefix order (touches in
+        different tiers do not interact), one call per run of blocks in one tier."""
+        if (load is self._refreshed and block_hashes is self._refreshed_hashes and isinstance(block_hashes, tuple)
+                and start == self._refreshed_start and self._versions_match(self._refreshed_versions, False)):
+            return  # this run, touched last in every tier with nothing since: already the most recent
+        tiers = load.tiers
+        n = load.num_load_blocks
+        position = 0
+        while position < n:
+            tier = tiers[position]
+            end = position + 1
+            while end < n and tiers[end] == tier:
+                end += 1
+            self.stores[tier].touch_range(block_hashes, start + position, start + end)
+            position = end
+        self._refreshed = load
+        self._refreshed_hashes = block_hashes
+        self._refreshed_start = start
+        self._refreshed_versions = [store.order_version for store in self.stores]
 
     def count_hits(self, block_hashes: Sequence[int]) -> None:
         """Hits on these hashes (for hit-count admission; a no-op without such a tier)."""

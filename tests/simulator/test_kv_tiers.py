@@ -207,16 +207,23 @@ def test_tiers_without_the_prefix_cache_are_refused() -> None:
         load_mapping(raw)
 
 
-def test_the_fast_path_runs_tiers_exactly_as_step_by_step() -> None:
-    """Decode runs evict blocks (decode tokens fill hashed blocks of a session's next turn) lazily, as their
-    steps are applied: with local tiers the run is still the step-by-step run, to the last figure."""
-    raw = synthetic(2, {"tiers": tiered([{**HOST, "capacity_gib": 0.5}, SSD])})
+def sessions_through_tiers(store: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Sessions on six 2048-token documents, two replicas of 400 blocks each over a small host tier and an
+    SSD (and ``store``, shared): blocks move down and are loaded back, step after step."""
+    raw = synthetic(2, {"tiers": tiered([{**HOST, "capacity_gib": 0.5}, SSD], store)})
     raw["workload"].update({"num_requests": 40, "arrival": {"process": "poisson", "rate_rps": 4.0},
                             "output_tokens": {"dist": "fixed", "value": 40},
                             "sessions": {"turns": {"dist": "uniform", "low": 2, "high": 5}, "think_time_s": 2,
                                          "response_time_estimate_s": 1, "max_context_tokens": 6000},
                             "system_prompts": {"num_prompts": 6, "tokens": 2048}})
     raw["engine"]["kv"] = {"num_blocks": 400}
+    return raw
+
+
+def test_the_fast_path_runs_tiers_exactly_as_step_by_step() -> None:
+    """Decode runs evict blocks (decode tokens fill hashed blocks of a session's next turn) lazily, as their
+    steps are applied: with local tiers the run is still the step-by-step run, to the last figure."""
+    raw = sessions_through_tiers()
     fast = run(load_mapping(raw), check=True)
     slow = run(load_mapping(raw, ["simulation.fast_path=false"]), check=True)
     tiers = fast.variants["tiers"].tiers

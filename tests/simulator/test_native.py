@@ -15,8 +15,9 @@ import pytest
 
 from simulator import native
 
-# Runs a few fast-path test scenarios (preemption, prefix caching, swap, an MoE profile) and a disaggregated one
-# (prefill and decode pools, decode-side preemption) and saves every per-request column.
+# Runs a few fast-path test scenarios (preemption, prefix caching, swap, an MoE profile), a disaggregated one
+# (prefill and decode pools, decode-side preemption) and one through KV tiers and a shared store, and saves
+# every per-request column.
 RUN = """
 import sys, numpy as np
 sys.path.insert(0, {tests!r})
@@ -25,6 +26,7 @@ from simulator.simulation import run
 from simulator.scenario import load_mapping
 from test_fast_path import BASE, CASES
 from test_disaggregation import FAST_CASES, scenario
+from test_kv_tiers import STORE, sessions_through_tiers
 columns = {{}}
 for case in ("chunked", "overload-preemption", "sessions-prefix", "tgi-swap", "moe-ep-sync"):
     result = run(load_mapping(BASE, CASES[case])).variants["base"]
@@ -33,6 +35,9 @@ for case in ("chunked", "overload-preemption", "sessions-prefix", "tgi-swap", "m
 result = run(load_mapping(scenario(), FAST_CASES["decode-preemption"])).variants["base"]
 for name, values in result.requests.columns().items():
     columns["disaggregated/" + name] = values
+result = run(load_mapping(sessions_through_tiers(STORE))).variants["tiers"]
+for name, values in result.requests.columns().items():
+    columns["tiers/" + name] = values
 np.savez({out!r}, **columns)
 print("active" if simulator.native.active() else "pure")
 """

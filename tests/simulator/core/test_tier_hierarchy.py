@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from simulator.core.config import Preemption, SchedulerConfig
-from simulator.core.kv_tiers import KVTiers, TierKind, TierSource, TierSpec, TierStore
+from simulator.core.kv_tiers import KVTiers, TierKind, TierLoad, TierSource, TierSpec, TierStore
 from simulator.core.request import RequestSpec, RequestStatus
 from simulator.core.scheduler import Scheduler
 
@@ -202,6 +202,140 @@ class TierMachine(RuleBasedStateMachine):
 
 TestTierMachine = TierMachine.TestCase
 TestTierMachine.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+
+
+PROMPTS = (tuple(range(6)), tuple(range(3, 9)), (1, 3, 5, 7), (0, 1, 2))
+"""Block-hash tuples looked up again and again (the same objects, as a queue head's are step after step)."""
+
+
+def reference_refresh(tiers: KVTiers, load: TierLoad, block_hashes: Sequence[int], start: int) -> None:
+    """The refresh by definition: every block the load reads touched in its tier, in prefix order."""
+    for position in range(load.num_load_blocks):
+        store = tiers.stores[load.tiers[position]]
+        block_hash = block_hashes[start + position]
+        if block_hash in store:
+            store.touch(block_hash)
+
+
+class PlanCacheMachine(RuleBasedStateMachine):
+    """``plan`` keeps its last answer and ``refresh`` skips touching again a run it touched last: random
+    evictions, computes, reservations and lookups on two identical hierarchies, one planned and refreshed
+    through the cache, the other worked out every time (``find`` + the search, every block touched), give
+    the same plans and leave every tier in the same eviction order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cached = self._hierarchy()
+        self.reference = self._hierarchy()
+        self.reserved: list[int] = []
+        self.head = (PROMPTS[0], 0, len(PROMPTS[0]) * BS + 1)
+        """(block hashes, device hits, prompt tokens) of the request heading the queue."""
+
+    @staticmethod
+    def _hierarchy() -> KVTiers:
+        specs = [TierSpec(name="host", capacity_blocks=5), TierSpec(name="disk", kind=TierKind.DISK, capacity_blocks=6),
+                 TierSpec(name="store", kind=TierKind.REMOTE, capacity_blocks=7, source=TierSource.COMPUTE,
+                          eviction="fifo")]
+        return KVTiers([TierStore(t) for t in specs], LinearCost(bytes_per_s=1e10, latency_s=1e-4), block_size=BS)
+
+    @rule(block_hash=st.integers(0, 9))
+    def evict(self, block_hash: int) -> None:
+        for tiers in (self.cached, self.reference):
+            tiers.on_evict(block_hash)
+
+    @rule(block_hash=st.integers(0, 9))
+    def compute(self, block_hash: int) -> None:
+        for tiers in (self.cached, self.reference):
+            tiers.on_compute(block_hash)
+
+    @rule(n=st.integers(1, 3))
+    def reserve(self, n: int) -> None:
+        done = {self.cached.reserve_host(n), self.reference.reserve_host(n)}
+        assert len(done) == 1
+        if done.pop():
+            self.reserved.append(n)
+
+    @rule()
+    def release(self) -> None:
+        if self.reserved:
+            n = self.reserved.pop(0)
+            self.cached.release_host(n)
+            self.reference.release_host(n)
+
+    @rule(prompt=st.sampled_from(PROMPTS), hits=st.integers(0, 2), extra=st.sampled_from([1, 8, 40]))
+    def new_head(self, prompt: tuple[int, ...], hits: int, extra: int) -> None:
+        """Another request heads the queue (the one ``plan`` looks up until the next ``new_head``)."""
+        self.head = (prompt, hits, len(prompt) * BS + extra)
+
+    @rule(admitted=st.booleans(), repeat=st.integers(1, 3))
+    def plan(self, admitted: bool, repeat: int) -> None:
+        """The head planned (and, ``admitted``, its load's blocks refreshed), ``repeat`` times in a row."""
+        prompt, hits, num_tokens = self.head
+        max_blocks = min(len(prompt), (num_tokens - 1) // BS)
+        for _ in range(repeat):
+            load = self.cached.plan(prompt, hits, num_tokens, max_blocks)
+            expected = self.reference.find(prompt, hits, max_blocks)
+            want = self.reference._search(prompt, hits, num_tokens, max_blocks)
+            assert (load is None) == (want is None) == (not expected)
+            if load is None or want is None:
+                continue
+            assert load.tiers == want.tiers == expected
+            assert (load.num_load_blocks, load.load_s) == (want.num_load_blocks, want.load_s)
+            if admitted and load.num_load_blocks:
+                self.cached.refresh(load, prompt, hits)
+                reference_refresh(self.reference, want, prompt, hits)
+
+    @invariant()
+    def same_tiers(self) -> None:
+        for mine, theirs in zip(self.cached.stores, self.reference.stores, strict=True):
+            assert mine.hashes() == theirs.hashes()
+
+
+TestPlanCacheMachine = PlanCacheMachine.TestCase
+TestPlanCacheMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_a_blocked_heads_plan_is_reused_until_a_tier_changes() -> None:
+    """The head planned again with nothing changed gets the same answer without a lookup; a block of its
+    prompt stored since extends the run found, one evicted cuts it."""
+    tiers = KVTiers([TierStore(TierSpec(name="host", capacity_blocks=4))], LinearCost(bytes_per_s=1e12),
+                    block_size=BS)
+    for block_hash in (0, 1):
+        tiers.on_evict(block_hash)
+    prompt = (0, 1, 2, 3)
+    first = tiers.plan(prompt, 0, 4 * BS + 1, 4)
+    assert first is not None and first.tiers == [0, 0]
+    assert tiers.plan(prompt, 0, 4 * BS + 1, 4) is first
+    tiers.on_evict(2)
+    grown = tiers.plan(prompt, 0, 4 * BS + 1, 4)
+    assert grown is not None and grown.tiers == [0, 0, 0]
+    assert tiers.plan(prompt, 0, 4 * BS + 1, 4) is grown
+    for block_hash in (5, 6):  # the host tier holds 4: 0 and 1 leave it, the last tier, dropped
+        tiers.on_evict(block_hash)
+    assert tiers.plan(prompt, 0, 4 * BS + 1, 4) is None
+    tiers.on_evict(0)
+    again = tiers.plan(prompt, 0, 4 * BS + 1, 4)
+    assert again is not None and again.tiers == [0]
+    other = tiers.plan(prompt, 1, 4 * BS + 1, 4)  # other arguments: looked up
+    assert other is None
+
+
+def test_a_run_touched_since_its_refresh_is_refreshed_again() -> None:
+    """Refreshing the run it refreshed last is skipped only while its tier's order has not moved: a block
+    of the run touched in between (offered again) is put back in the run's order."""
+    tiers = KVTiers([TierStore(TierSpec(name="host", capacity_blocks=4))], LinearCost(bytes_per_s=1e12),
+                    block_size=BS)
+    for block_hash in (0, 1):
+        tiers.on_evict(block_hash)
+    prompt = (0, 1, 2)
+    load = tiers.plan(prompt, 0, 3 * BS + 1, 3)
+    assert load is not None and load.num_load_blocks == 2
+    tiers.refresh(load, prompt, 0)
+    tiers.on_evict(0)  # present: touched, the host's order is now 1, 0
+    assert tiers.stores[0].hashes() == [1, 0]
+    assert tiers.plan(prompt, 0, 3 * BS + 1, 3) is load  # membership did not move
+    tiers.refresh(load, prompt, 0)
+    assert tiers.stores[0].hashes() == [0, 1]
 
 
 tier_configs = st.builds(
