@@ -43,12 +43,17 @@ def load_scenario(scenario: ScenarioLike, overrides: Sequence[str] = (), *, seed
 
 
 def run(scenario: ScenarioLike, overrides: Sequence[str] = (), *, seed: int | None = None,
-        jobs: int | None = 1) -> RunResult:
-    """Simulate every variant; the result's ``summary_df()``, ``requests_df()`` and ``series_df()`` are
-    DataFrames. ``jobs``: variants at once, each in a worker process (None: one per core when the run is
-    large enough to gain; from a script, call it under ``if __name__ == "__main__":``, as any code starting
-    processes)."""
-    return _run(load_scenario(scenario, overrides, seed=seed), jobs=jobs)
+        jobs: int | None = 1, variants: Sequence[str] | None = None) -> RunResult:
+    """Simulate every variant (or only those named in ``variants``); the result's ``summary_df()``,
+    ``requests_df()`` and ``series_df()`` are DataFrames. ``jobs``: variants at once, each in a worker
+    process (None: one per core when the run is large enough to gain; from a script, call it under
+    ``if __name__ == "__main__":``, as any code starting processes)."""
+    loaded = load_scenario(scenario, overrides, seed=seed)
+    if variants is not None:
+        if isinstance(variants, str):  # a lone name, not its letters
+            variants = [variants]
+        loaded = loaded.only(variants)
+    return _run(loaded, jobs=jobs)
 
 
 def plan(scenario: ScenarioLike, *, slo: Any = None, overrides: Sequence[str] = (), **options: Any) -> PlanResult:

@@ -11,6 +11,7 @@ import copy
 import json
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Self
@@ -38,7 +39,7 @@ from simulator.cost.profile import (
 )
 from simulator.cost.reprice import at_dtypes
 from simulator.cost.speculation import SpeculativeConfig
-from simulator.errors import ConfigError
+from simulator.errors import ConfigError, did_you_mean
 from simulator.fleet.config import AutoscalingConfig, DisaggregationConfig, LifecycleConfig
 from simulator.fleet.failures import FailuresConfig
 from simulator.fleet.router import RouterConfig
@@ -334,6 +335,19 @@ class LoadedScenario:
             merged = deep_merge(base, expanded)
             out[name] = validate(merged, file=self.source, field_prefix=f"variants.{name}")
         return out
+
+    def only(self, names: Sequence[str]) -> "LoadedScenario":
+        """The scenario with only the variants ``names`` (in the scenario's order; ``base`` names a scenario
+        without variants); a name it does not have is a ConfigError listing the ones it has."""
+        known = list(self.scenario.variants) or ["base"]
+        for name in names:
+            if name not in known:
+                raise ConfigError(f"no variant {name!r}{did_you_mean(name, known)}; the scenario's variants: "
+                                  f"{', '.join(known)}", file=self.source, field="variants")
+        if not self.scenario.variants:
+            return self
+        raw = {**self.raw, "variants": {k: v for k, v in self.raw["variants"].items() if k in names}}
+        return load_mapping(raw, source=self.source)
 
 
 # ----- loading ---------------------------------------------------------------------------------------

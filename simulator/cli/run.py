@@ -88,6 +88,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from simulator.variant_workers import WorkerDied
 
         loaded = load_scenario(args.scenario, args.set or [], seed=args.seed)
+        if args.variant:
+            loaded = loaded.only(args.variant)
     out = Path(args.out) if args.out else fresh_out_dir(loaded.scenario.name)
     check_writable(out, overwrite=args.overwrite)  # before the run: a read-only disk costs no simulation
     progress, close = progress_bar(not args.quiet)
@@ -153,6 +155,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--out", help="output folder (default runs/NAME, never an existing one)")
     p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a scenario field")
     p.add_argument("--seed", type=int, help="override the scenario's seed")
+    p.add_argument("--variant", action="append", metavar="NAME",
+                   help="run only this variant (repeat for several; default: every variant)")
     p.add_argument("--overwrite", action="store_true", help="write into an existing non-empty --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--jobs", type=non_negative, default=0, metavar="N",

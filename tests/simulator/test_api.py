@@ -6,9 +6,11 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pytest
 import yaml
 
 from simulator import api
+from simulator.errors import ConfigError
 
 SCENARIO: dict[str, Any] = {
     "schema_version": 1,
@@ -35,6 +37,16 @@ def test_load_and_run_from_a_mapping_a_path_or_a_loaded_scenario(tmp_path: Path)
     pd.testing.assert_frame_equal(from_path, from_mapping)
     pd.testing.assert_frame_equal(from_path, from_loaded)
     assert api.load_scenario(loaded) is loaded
+
+
+def test_run_picks_variants_by_name() -> None:
+    raw = {**SCENARIO, "variants": {"one": {}, "two": {"fleet.replicas": 2}, "four": {"fleet.replicas": 4}}}
+    assert list(api.run(raw, variants="two").variants) == ["two"]  # one name, not its letters
+    some = api.run(raw, variants=["four", "one"])
+    assert list(some.variants) == ["one", "four"]
+    pd.testing.assert_frame_equal(some.summary_df(), api.run(raw).summary_df().loc[["one", "four"]])
+    with pytest.raises(ConfigError, match=r"no variant 'too'.*did you mean 'two'"):
+        api.run(raw, variants=["too"])
 
 
 def test_plan_and_sweep_in_a_few_lines(tmp_path: Path) -> None:

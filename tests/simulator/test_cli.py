@@ -233,6 +233,33 @@ def test_set_overrides_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert data["variants"]["base"]["num_gpus"] == 3
 
 
+def test_variant_runs_only_the_variants_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--variant (repeated) runs those variants, in the scenario's order, each exactly as in the whole run;
+    a name the scenario lacks is one line naming the closest and every variant, and nothing is written."""
+    variants = {"one": {"fleet": {"replicas": 1}}, "three": {"fleet": {"replicas": 3}},
+                "static": {"engine.batching": "static"}}
+    scenario = write(tmp_path, {**TINY, "variants": variants})
+
+    def summary(out: str, *extra: str) -> dict[str, Any]:
+        code, _, stderr = fleetsim(capsys, "run", str(scenario), "--out", str(tmp_path / out), "--quiet",
+                                   "--summary-only", *extra)
+        assert code == 0, stderr
+        data: dict[str, Any] = json.loads((tmp_path / out / "summary.json").read_text())
+        return data
+
+    whole = summary("all")
+    picked = summary("some", "--variant", "static", "--variant", "one")
+    assert list(picked["variants"]) == ["one", "static"]
+    assert list(picked["scenario"]) == ["one", "static"]
+    for name in ("one", "static"):
+        assert picked["variants"][name] == whole["variants"][name]
+    code, stdout, stderr = fleetsim(capsys, "run", str(scenario), "--out", str(tmp_path / "none"), "--variant", "thre")
+    assert_one_line_error(code, stdout, stderr, "no variant 'thre'", "did you mean 'three'", "one, three, static")
+    assert not (tmp_path / "none").exists()
+    scenario = write(tmp_path, TINY, "plain.yaml")  # no variants: its one variant is base
+    assert list(summary("base", "--variant", "base")["variants"]) == ["base"]
+
+
 def test_default_output_folder_never_reuses_an_existing_one(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
