@@ -8,13 +8,15 @@ requests, ``tests/simulator/test_shipped_scenarios.py``).
 Each run verifies its invariants (``check=True``: every request finished once or counted, tokens add up, KV
 blocks conserved, latencies in order); some bugs show only at full size (a KV pool that fills, a cache that
 compacts, a queue head that stays blocked for thousands of steps). Prints per scenario its variants,
-simulated requests, wall seconds, simulated requests per second and peak RSS; a failure prints its one-line
+simulated requests, wall seconds, simulated requests per second and peak RSS (each
+scenario in a forked process of its own, so the figure is its own); a failure prints its one-line
 reason and the exit status is 1. A scenario whose trace this machine lacks is skipped, saying so.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import resource
 import sys
 import time
@@ -28,6 +30,23 @@ from simulator.simulation import run
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
 
+def check(path: Path, overrides: list[str]) -> str:
+    """Run one scenario with the run check; its line."""
+    label = f"{path.stem:16s}"
+    start = time.perf_counter()
+    try:
+        result = run(load_scenario(path, overrides), check=True)
+    except (InvariantError, ConfigError) as err:
+        if isinstance(err, ConfigError) and "trace file not found" in str(err):
+            return f"{label} skipped: {err}"
+        return f"{label} FAILED: {err}"
+    wall = time.perf_counter() - start
+    requests = sum(v.summary.requests_arrived for v in result.variants.values())
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return (f"{label} {len(result.variants):2d} variants {requests:>10,} requests {wall:8.1f} s "
+            f"{requests / wall:>9,.0f} req/s  peak RSS {rss_mb:,.0f} MB  check passed")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("names", nargs="*", help="scenario names (files in scenarios/, without .yaml); default: all")
@@ -36,23 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     paths = sorted(SCENARIOS.glob("*.yaml")) if not args.names else [SCENARIOS / f"{n}.yaml" for n in args.names]
     failed = 0
+    forked = "fork" in multiprocessing.get_all_start_methods()
     for path in paths:
-        label = f"{path.stem:16s}"
-        start = time.perf_counter()
-        try:
-            result = run(load_scenario(path, args.set), check=True)
-        except (InvariantError, ConfigError) as err:
-            if isinstance(err, ConfigError) and "trace file not found" in str(err):
-                print(f"{label} skipped: {err}", flush=True)
-                continue
-            print(f"{label} FAILED: {err}", flush=True)
-            failed += 1
-            continue
-        wall = time.perf_counter() - start
-        requests = sum(v.summary.requests_arrived for v in result.variants.values())
-        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(f"{label} {len(result.variants):2d} variants {requests:>10,} requests {wall:8.1f} s "
-              f"{requests / wall:>9,.0f} req/s  peak RSS {rss_mb:,.0f} MB  check passed", flush=True)
+        if forked:  # a child per scenario: its peak RSS is its own, not an earlier, larger scenario's
+            with multiprocessing.get_context("fork").Pool(1) as pool:
+                line = pool.apply(check, (path, args.set))
+        else:
+            line = check(path, args.set)
+        print(line, flush=True)
+        failed += " FAILED" in line
     return 1 if failed else 0
 
 
