@@ -18,8 +18,10 @@ scheduler commits the plan only when the request is admitted (``KVTiers.commit``
 
 Invariants (``KVTiers.problems``; tested by a hypothesis state machine):
 - a tier holds each hash at most once, and never more than its capacity (swap reservations included);
-- nothing is lost: every hash offered to a tier is stored, already there, or passed down; every hash a
-  tier evicts is offered to the next one or, from the last, counted as dropped.
+- nothing is lost: every hash offered to a tier is stored, already there, or passed down (an offer made to
+  a tier directly, a block written as it is computed or a device-fed tier's copy of an eviction, goes no
+  further: the device still holds the block, or the eviction went down from the first tier as well); every
+  hash a tier evicts is offered to the next one or, from the last, counted as dropped.
 
 Swap preemption takes its room from the host tier (``reserve``/``release``): one host memory, not two.
 
@@ -158,7 +160,11 @@ class TierStore:
         self.num_present = 0
         """Offers of a hash it already held (refreshed in place, not stored twice)."""
         self.num_rejected = 0
-        """Offers its admission rule (or a zero capacity) turned away: passed down."""
+        """Offers its admission rule (or a zero capacity) turned away: passed down, unless made directly."""
+        self.num_rejected_direct = 0
+        """Of those, offers made to it directly (written as blocks are computed, or a device-fed tier's copy
+        of an eviction), which are not passed down: the device still holds the block, or the eviction went
+        down the hierarchy from the first tier as well."""
         self.num_evicted = 0
         self.shared = False
         """Shared by several replicas' hierarchies (its counters are theirs together)."""
@@ -357,13 +363,18 @@ class KVTiers:
         self._offer_from(0, block_hash, hits)
         for index in range(1, len(self.stores)):
             if self.stores[index].spec.source is TierSource.DEVICE:
-                self._offer_one(index, block_hash, hits)
+                self._offer_direct(index, block_hash, hits)
 
     def on_compute(self, block_hash: int) -> None:
         """The device indexed ``block_hash`` (its KV is being computed): tiers written on compute take it."""
         hits = self.counters.hit_counts.get(block_hash, 0) if self._count_hits else 0
         for index in self.written_on_compute:
-            self._offer_one(index, block_hash, hits)
+            self._offer_direct(index, block_hash, hits)
+
+    def _offer_direct(self, index: int, block_hash: int, hits: int) -> None:
+        """Offer to tier ``index`` alone: turned away, it goes no further (its victims still move down)."""
+        if not self._offer_one(index, block_hash, hits):
+            self.stores[index].num_rejected_direct += 1
 
     def _offer_from(self, start: int, block_hash: int, hits: int) -> None:
         """Offer to tier ``start``; turned away, to the next; each victim on to the tier below its own."""
@@ -558,6 +569,7 @@ class KVTiers:
                 out.append(f"tier {name}: offers {store.num_offered} != stored + present + rejected")
             if index > 0 and store.spec.source is TierSource.ABOVE and not store.shared:
                 above = self.stores[index - 1]
-                if store.num_offered != above.num_evicted + above.num_rejected:
-                    out.append(f"tier {name}: offered {store.num_offered} != evicted + rejected above")
+                if store.num_offered != above.num_evicted + above.num_rejected - above.num_rejected_direct:
+                    out.append(f"tier {name}: offered {store.num_offered} != evicted + rejected (and passed down) "
+                               "above")
         return out

@@ -232,6 +232,16 @@ def test_the_fast_path_runs_tiers_exactly_as_step_by_step() -> None:
         == slow.summary_json()
 
 
+def test_a_host_tier_written_on_compute_passes_the_run_check() -> None:
+    """A first tier written as blocks are computed, admitting only blocks hit before, turns most of those
+    writes away; they are not passed down (the GPU still holds the block), and the run check counts them
+    so (it used to fail such a run: the tier below was offered fewer blocks than the host turned away)."""
+    raw = sessions_through_tiers()
+    raw["variants"] = {"compute": tiered([{**HOST, "capacity_gib": 0.5, "source": "compute", "min_hits": 1}, SSD])}
+    result = run(load_mapping(raw), check=True).variants["compute"]
+    assert result.tiers is not None and result.tiers.num_device_evictions > 0
+
+
 def test_tier_capacity_is_priced_per_gpu_and_the_store_in_all() -> None:
     config = KVTiersConfig(tiers=[TierConfig(**{**HOST, "usd_per_gib_hour": 0.01})],
                            shared_store=TierConfig(**{**STORE, "usd_per_gib_hour": 0.002}))

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from simulator.core.config import Preemption, SchedulerConfig
 from simulator.core.kv_tiers import KVTiers, TierKind, TierLoad, TierSource, TierSpec, TierStore
@@ -149,20 +149,41 @@ def test_bad_tier_settings_are_refused() -> None:
             KVTiers([TierStore(TierSpec(name="host"))], LinearCost(bytes_per_s=1.0), block_size=BS))
 
 
+LAYOUTS = {
+    "device-fed store, compute-fed pool last": [
+        TierSpec(name="host", capacity_blocks=3),
+        TierSpec(name="disk", kind=TierKind.DISK, capacity_blocks=4, min_hits=1),
+        TierSpec(name="store", kind=TierKind.REMOTE, capacity_blocks=5, source=TierSource.DEVICE),
+        TierSpec(name="pool", kind=TierKind.REMOTE, capacity_blocks=2, source=TierSource.COMPUTE)],
+    # Tiers fed directly above tiers fed from above: what they turn away goes no further.
+    "compute-fed host first, device-fed store in the middle": [
+        TierSpec(name="host", capacity_blocks=3, min_hits=1, source=TierSource.COMPUTE),
+        TierSpec(name="disk", kind=TierKind.DISK, capacity_blocks=4),
+        TierSpec(name="store", kind=TierKind.REMOTE, capacity_blocks=3, min_hits=1, source=TierSource.DEVICE),
+        TierSpec(name="archive", kind=TierKind.DISK, capacity_blocks=2)],
+    "an empty compute-fed host": [
+        TierSpec(name="host", capacity_blocks=0, source=TierSource.COMPUTE),
+        TierSpec(name="disk", kind=TierKind.DISK, capacity_blocks=4)],
+}
+
+
 class TierMachine(RuleBasedStateMachine):
-    """Random evictions, hits, swap reservations and releases on a three-tier hierarchy (the last fed by the
-    device too): capacities hold, each tier holds a hash once, and every hash the device let go is in a tier
-    or counted dropped — checked against a model that remembers what was dropped."""
+    """Random evictions, computes, hits, swap reservations and releases on hierarchies of tiers fed from
+    above, by the device's evictions and as blocks are computed: capacities hold, each tier holds a hash
+    once, and every hash the device let go is in a tier or counted dropped — checked against a model that
+    remembers what was dropped."""
 
     def __init__(self) -> None:
         super().__init__()
-        specs = [TierSpec(name="host", capacity_blocks=3), TierSpec(name="disk", kind=TierKind.DISK, capacity_blocks=4,
-                                                                     min_hits=1),
-                 TierSpec(name="store", kind=TierKind.REMOTE, capacity_blocks=5, source=TierSource.DEVICE),
-                 TierSpec(name="pool", kind=TierKind.REMOTE, capacity_blocks=2, source=TierSource.COMPUTE)]
-        self.tiers = KVTiers([TierStore(t) for t in specs], LinearCost(bytes_per_s=1e9), block_size=BS)
         self.offered: set[int] = set()
+        """Hashes the device let go (each must be in a tier or counted gone)."""
+        self.computed: set[int] = set()
+        """Hashes written on compute (the device still holds them: a tier may turn them away)."""
         self.reserved: list[int] = []
+
+    @initialize(layout=st.sampled_from(sorted(LAYOUTS)))
+    def build(self, layout: str) -> None:
+        self.tiers = KVTiers([TierStore(t) for t in LAYOUTS[layout]], LinearCost(bytes_per_s=1e9), block_size=BS)
 
     @rule(block_hash=st.integers(0, 12))
     def evict(self, block_hash: int) -> None:
@@ -172,7 +193,7 @@ class TierMachine(RuleBasedStateMachine):
     @rule(block_hash=st.integers(0, 12))
     def compute(self, block_hash: int) -> None:
         self.tiers.on_compute(block_hash)
-        self.offered.add(block_hash)
+        self.computed.add(block_hash)
 
     @rule(block_hash=st.integers(0, 12))
     def hit(self, block_hash: int) -> None:
@@ -192,7 +213,7 @@ class TierMachine(RuleBasedStateMachine):
     def holds(self) -> None:
         assert not self.tiers.problems()
         held = set().union(*(set(s.hashes()) for s in self.tiers.stores))
-        assert held <= self.offered
+        assert held <= self.offered | self.computed
         for store in self.tiers.stores:
             assert store.capacity_blocks is None or len(store) + store.num_reserved <= store.capacity_blocks
         # Every offer ends stored somewhere or dropped: drops at least cover what no tier holds.
