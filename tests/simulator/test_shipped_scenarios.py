@@ -294,3 +294,22 @@ def test_long_document_sessions_run_to_the_end_on_one_replica(fast_path: bool) -
     summary = result.variants["doc_gpu_only"].summary
     assert summary.requests_completed == summary.requests_arrived == 100
     assert summary.prefix_hit_rate > 0.5
+
+
+def test_the_nightly_full_size_check_runs_and_fails_on_what_it_cannot_run() -> None:
+    """``benchmarks/shipped.py`` (the full-size job beside this file's small runs): a line per scenario
+    saying its check passed, exit 0; a scenario it cannot run is a FAILED line and exit 1."""
+    import subprocess
+    import sys
+
+    def shipped(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "shipped.py"), *argv], capture_output=True,
+                              text=True, check=False, timeout=300)
+
+    done = shipped("quickstart", "paging", "--set", "workload.num_requests=30")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert [line.split()[0] for line in lines] == ["quickstart", "paging"]
+    assert all(line.endswith("check passed") for line in lines), lines
+    done = shipped("quickstart", "--set", "fleet.replicas=0")
+    assert done.returncode == 1 and "quickstart" in done.stdout and "FAILED" in done.stdout, done.stdout
