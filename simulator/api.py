@@ -44,7 +44,7 @@ def load_scenario(scenario: ScenarioLike, overrides: Sequence[str] = (), *, seed
 
 def run(scenario: ScenarioLike, overrides: Sequence[str] = (), *, seed: int | None = None,
         jobs: int | None = 1, variants: Sequence[str] | None = None) -> RunResult:
-    """Simulate every variant (or only those named in ``variants``); the result's ``summary_df()``,
+    """Simulate every variant (or only those ``variants`` names or matches: ``"doc_*"``); the result's ``summary_df()``,
     ``requests_df()`` and ``series_df()`` are DataFrames. ``jobs``: variants at once, each in a worker
     process (None: one per core when the run is large enough to gain; from a script, call it under
     ``if __name__ == "__main__":``, as any code starting processes)."""

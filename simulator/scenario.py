@@ -338,15 +338,22 @@ class LoadedScenario:
 
     def only(self, names: Sequence[str]) -> "LoadedScenario":
         """The scenario with only the variants ``names`` (in the scenario's order; ``base`` names a scenario
-        without variants); a name it does not have is a ConfigError listing the ones it has."""
+        without variants; a name with ``*``, ``?`` or ``[`` is a shell-style pattern, ``doc_*``); a name or
+        pattern that picks none is a ConfigError listing the variants it has."""
+        from fnmatch import fnmatchcase
+
         known = list(self.scenario.variants) or ["base"]
+        chosen: set[str] = set()
         for name in names:
-            if name not in known:
+            picked = [k for k in known if fnmatchcase(k, name)] if any(c in name for c in "*?[") else (
+                [name] if name in known else [])
+            if not picked:
                 raise ConfigError(f"no variant {name!r}{did_you_mean(name, known)}; the scenario's variants: "
                                   f"{', '.join(known)}", file=self.source, field="variants")
+            chosen.update(picked)
         if not self.scenario.variants:
             return self
-        raw = {**self.raw, "variants": {k: v for k, v in self.raw["variants"].items() if k in names}}
+        raw = {**self.raw, "variants": {k: v for k, v in self.raw["variants"].items() if k in chosen}}
         return load_mapping(raw, source=self.source)
 
 

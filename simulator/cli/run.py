@@ -156,7 +156,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a scenario field")
     p.add_argument("--seed", type=int, help="override the scenario's seed")
     p.add_argument("--variant", action="append", metavar="NAME",
-                   help="run only this variant (repeat for several; default: every variant)")
+                   help="run only this variant (repeat for several; a shell pattern such as 'doc_*' picks "
+                        "every variant it matches; default: every variant)")
     p.add_argument("--overwrite", action="store_true", help="write into an existing non-empty --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--jobs", type=non_negative, default=0, metavar="N",

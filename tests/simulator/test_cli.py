@@ -253,9 +253,12 @@ def test_variant_runs_only_the_variants_named(tmp_path: Path, capsys: pytest.Cap
     assert list(picked["scenario"]) == ["one", "static"]
     for name in ("one", "static"):
         assert picked["variants"][name] == whole["variants"][name]
-    code, stdout, stderr = fleetsim(capsys, "run", str(scenario), "--out", str(tmp_path / "none"), "--variant", "thre")
-    assert_one_line_error(code, stdout, stderr, "no variant 'thre'", "did you mean 'three'", "one, three, static")
-    assert not (tmp_path / "none").exists()
+    assert list(summary("pattern", "--variant", "[ot]*", "--variant", "one")["variants"]) == ["one", "three"]
+    for wrong, needles in (("thre", ("no variant 'thre'", "did you mean 'three'")), ("x*", ("no variant 'x*'",))):
+        code, stdout, stderr = fleetsim(capsys, "run", str(scenario), "--out", str(tmp_path / "none"), "--variant",
+                                        wrong)
+        assert_one_line_error(code, stdout, stderr, *needles, "one, three, static")
+        assert not (tmp_path / "none").exists()
     scenario = write(tmp_path, TINY, "plain.yaml")  # no variants: its one variant is base
     assert list(summary("base", "--variant", "base")["variants"]) == ["base"]
 
