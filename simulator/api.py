@@ -44,10 +44,10 @@ def load_scenario(scenario: ScenarioLike, overrides: Sequence[str] = (), *, seed
 
 def run(scenario: ScenarioLike, overrides: Sequence[str] = (), *, seed: int | None = None,
         jobs: int | None = 1, variants: Sequence[str] | None = None) -> RunResult:
-    """Simulate every variant (or only those ``variants`` names or matches: ``"doc_*"``); the result's ``summary_df()``,
-    ``requests_df()`` and ``series_df()`` are DataFrames. ``jobs``: variants at once, each in a worker
-    process (None: one per core when the run is large enough to gain; from a script, call it under
-    ``if __name__ == "__main__":``, as any code starting processes)."""
+    """Simulate every variant, or only those ``variants`` names or matches (``"doc_*"``); the result's
+    ``summary_df()``, ``requests_df()`` and ``series_df()`` are DataFrames. ``jobs``: variants at once, each
+    in a worker process (None: one per core when the run is large enough to gain; from a script, call it
+    under ``if __name__ == "__main__":``, as any code starting processes)."""
     loaded = load_scenario(scenario, overrides, seed=seed)
     if variants is not None:
         if isinstance(variants, str):  # a lone name, not its letters
