@@ -1,5 +1,5 @@
-"""Every shipped scenario at its shipped size, checked: the nightly job beside CI (which runs each one at 40
-requests, ``tests/simulator/test_shipped_scenarios.py``).
+"""Every shipped scenario at its shipped size, checked: the nightly job beside CI (which runs each one cut
+to a few hundred requests, ``tests/simulator/test_shipped_scenarios.py``, or to 40 from the README's commands).
 
     python benchmarks/shipped.py                       # every scenario in scenarios/, one after another
     python benchmarks/shipped.py kv_tiers routing      # some of them
@@ -8,9 +8,10 @@ requests, ``tests/simulator/test_shipped_scenarios.py``).
 Each run verifies its invariants (``check=True``: every request finished once or counted, tokens add up, KV
 blocks conserved, latencies in order); some bugs show only at full size (a KV pool that fills, a cache that
 compacts, a queue head that stays blocked for thousands of steps). Prints per scenario its variants,
-simulated requests, wall seconds, simulated requests per second and peak RSS (each
-scenario in a forked process of its own, so the figure is its own); a failure prints its one-line
-reason and the exit status is 1. A scenario whose trace this machine lacks is skipped, saying so.
+simulated requests, wall seconds, simulated requests per second and peak RSS (each scenario in a forked
+process of its own, so the figure is its own); a failure prints its one-line reason and the exit status is
+1. A scenario replaying a public trace is skipped, saying so, where the traces folder is absent (as in the
+tests).
 """
 
 from __future__ import annotations
@@ -26,25 +27,26 @@ from simulator.errors import ConfigError
 from simulator.results.invariants import InvariantError
 from simulator.scenario import load_scenario
 from simulator.simulation import run
+from simulator.workload.traces import TRACES_TOKEN, traces_dir
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
 
-def check(path: Path, overrides: list[str]) -> str:
-    """Run one scenario with the run check; its line."""
+def check(path: Path, overrides: list[str]) -> tuple[str, bool]:
+    """Run one scenario with the run check: its line, and whether it failed."""
     label = f"{path.stem:16s}"
+    if path.is_file() and TRACES_TOKEN in path.read_text(encoding="utf-8") and not traces_dir().is_dir():
+        return f"{label} skipped: it replays a public trace and {traces_dir()} is absent (set FLEETSIM_TRACES)", False
     start = time.perf_counter()
     try:
         result = run(load_scenario(path, overrides), check=True)
     except (InvariantError, ConfigError) as err:
-        if isinstance(err, ConfigError) and "trace file not found" in str(err):
-            return f"{label} skipped: {err}"
-        return f"{label} FAILED: {err}"
+        return f"{label} FAILED: {err}", True
     wall = time.perf_counter() - start
     requests = sum(v.summary.requests_arrived for v in result.variants.values())
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return (f"{label} {len(result.variants):2d} variants {requests:>10,} requests {wall:8.1f} s "
-            f"{requests / wall:>9,.0f} req/s  peak RSS {rss_mb:,.0f} MB  check passed")
+            f"{requests / wall:>9,.0f} req/s  peak RSS {rss_mb:,.0f} MB  check passed"), False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,11 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         if forked:  # a child per scenario: its peak RSS is its own, not an earlier, larger scenario's
             with multiprocessing.get_context("fork").Pool(1) as pool:
-                line = pool.apply(check, (path, args.set))
+                line, broke = pool.apply(check, (path, args.set))
         else:
-            line = check(path, args.set)
+            line, broke = check(path, args.set)
         print(line, flush=True)
-        failed += " FAILED" in line
+        failed += broke
     return 1 if failed else 0
 
 
