@@ -30,7 +30,7 @@ def measure(num_blocks: int, num_requests: int, per_request: int, live: int, see
             private: bool = False) -> dict[str, float]:
     """Seconds per block of ``get_new_blocks``, ``cache_range`` and ``free_blocks`` over the requests."""
     rng = random.Random(seed)
-    hashes = [[rng.getrandbits(63) for _ in range(per_request)] for _ in range(num_requests)]
+    hashes = [tuple(rng.getrandbits(63) for _ in range(per_request)) for _ in range(num_requests)]
     pool = BlockPool(num_blocks)
     held: deque[list[int]] = deque()
     clock = time.perf_counter

@@ -152,10 +152,10 @@ def load_sweep() -> None:
                 if crossover[n] is None and s.tpot_p50_ms >= base.tpot_p50_ms:
                     crossover[n] = rps
         print(f"{rps:5d}" + "".join(f"{c:>22s}" for c in cells) + f"{' '.join(ratios):>30s}")
-    for n, rps in crossover.items():
-        where = f"{rps} requests/s" if rps is not None else f"beyond {RATES[-1]} requests/s"
+    for n, load in crossover.items():
+        where = f"{load} requests/s" if load is not None else f"beyond {RATES[-1]} requests/s"
         print(f"crossover load for {n}: {where}")
-        RECORD.setdefault("crossover_rps", {})[n] = rps
+        RECORD.setdefault("crossover_rps", {})[n] = load
     tpot = {name: v.summary.tpot_p50_ms for name, v in result.variants.items()}
     top = RATES[-1]
     print(f"published (vLLM, draft model, Llama-3-70B 4xH100 ShareGPT; {PUBLISHED['source']}): "

@@ -97,7 +97,8 @@ class PromptHashesOnly(Workload):
     def __len__(self) -> int:
         return len(self.__dict__["_inner"])
 
-    def iter_specs(self, *, block_hashes: bool = True) -> Iterator[RequestSpec]:
+    def iter_specs(self, *, block_hashes: bool = True, lazy_chains: bool = False) -> Iterator[RequestSpec]:
+        # Every spec's hashes as values (never a lazy tail), so that they can be cut: the same results.
         inner: Workload = self.__dict__["_inner"]
         for spec in inner.iter_specs(block_hashes=block_hashes):
             keep = spec.prompt_tokens // inner.block_size
