@@ -58,11 +58,14 @@ def run(scenario: ScenarioLike, overrides: Sequence[str] = (), *, seed: int | No
 
 def plan(scenario: ScenarioLike, *, slo: Any = None, overrides: Sequence[str] = (), **options: Any) -> PlanResult:
     """Capacity plan (``simulator.planning.plan.plan``): ``.replicas``, ``.text()``, ``.candidates_df()``,
-    ``.trials``."""
+    ``.trials``. Its seeds run in worker processes (``workers=1``: in this one): from a script, call it under
+    ``if __name__ == "__main__":``."""
     return _plan.plan(load_scenario(scenario, overrides), slo=slo, **options)
 
 
 def sweep(grid: str | Path | Mapping[str, Any], *, executor: str = "local", workers: int | None = None,
           address: str | None = None, show_progress: bool = False) -> pd.DataFrame:
-    """Run a grid file (or the same mapping) -> one row per task and variant (``simulator.planning.sweep.sweep``)."""
+    """Run a grid file (or the same mapping) -> one row per task and variant (``simulator.planning.sweep.sweep``).
+    Tasks run in worker processes (``workers=1``: in this one): from a script, call it under
+    ``if __name__ == "__main__":``."""
     return _sweep.sweep(grid, executor=executor, workers=workers, address=address, show_progress=show_progress)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from simulator.fleet.fleet import ProgressFn
 from simulator.results.run_result import VariantResult
 from simulator.scenario import Scenario
+from simulator.worker_pool import WorkerDied, explained, spawn_pool
 from simulator.workload.workload import Workload
 
 if TYPE_CHECKING:
@@ -33,10 +34,6 @@ SimulateFn = Callable[..., VariantResult]
 
 _POLL_S = 0.2
 """How often the parent passes the workers' progress on while it waits."""
-
-
-class WorkerDied(RuntimeError):
-    """A worker process ended without a result (killed: out of memory, a signal); the run has no results."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,33 +73,28 @@ def simulate_variants(simulate: SimulateFn, tasks: Sequence[VariantTask], *, job
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     # Imported here, not at the top: process pools cost a run that never uses them ~10 ms of start-up.
     import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-    from concurrent.futures.process import BrokenProcessPool
+    from concurrent.futures import FIRST_COMPLETED, wait
 
-    context = multiprocessing.get_context("spawn")
-    progress_queue = context.Queue() if progress is not None else None
+    progress_queue = multiprocessing.get_context("spawn").Queue() if progress is not None else None
     results: dict[str, VariantResult] = {}
-    try:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=context, initializer=_init_worker,
-                                 initargs=(progress_queue,)) as pool:
-            futures: dict[Future[VariantResult], str] = {pool.submit(_simulate, simulate, task, check): task.name
-                                                         for task in tasks}
-            pending = set(futures)
-            try:
-                while pending:
-                    done, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_COMPLETED)
-                    _pass_on(progress_queue, progress)
-                    for future in done:
-                        future.result()  # a worker's error, raised now
-            except BaseException:
-                for future in pending:
-                    future.cancel()
-                raise
-            _pass_on(progress_queue, progress)
-            for future, name in futures.items():
-                results[name] = future.result()
-    except BrokenProcessPool as err:
-        raise WorkerDied(f"a worker process running a variant died: {err}") from err
+    with (explained("running a variant", "jobs=1 (--jobs 1)"),
+          spawn_pool(min(jobs, len(tasks)), initializer=_init_worker, initargs=(progress_queue,)) as pool):
+        futures: dict[Future[VariantResult], str] = {pool.submit(_simulate, simulate, task, check): task.name
+                                                     for task in tasks}
+        pending = set(futures)
+        try:
+            while pending:
+                done, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_COMPLETED)
+                _pass_on(progress_queue, progress)
+                for future in done:
+                    future.result()  # a worker's error, raised now
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
+        _pass_on(progress_queue, progress)
+        for future, name in futures.items():
+            results[name] = future.result()
     return {task.name: results[task.name] for task in tasks}
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from simulator.errors import ConfigError
+from simulator.worker_pool import WorkerDied
 
 EXIT_USAGE = 2
 
@@ -124,6 +125,9 @@ def main(argv: Sequence[str] | None = None, plugins: Sequence[Callable[[Any], No
     except FileExistsError as err:
         print(f"fleetsim: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except WorkerDied as err:  # a plan's or a sweep's worker process (``run`` says what it saved itself)
+        print(f"fleetsim: error: {err}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # output piped into head: not an error
         return 0
     except KeyboardInterrupt:

@@ -100,10 +100,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except InvariantError as err:  # the simulator is wrong, not the scenario: say so, save nothing misleading
         print(f"fleetsim: error: {err}", file=sys.stderr)
         return 1
-    except WorkerDied:  # a worker killed (out of memory, a signal): nothing of the run is saved
-        print("fleetsim: error: a worker process running a variant died (out of memory, or killed); nothing was "
-              "saved: rerun with fewer --jobs (--jobs 1 runs the variants one after another in this process)",
-              file=sys.stderr)
+    except WorkerDied as err:  # a worker killed (out of memory, a signal): nothing of the run is saved
+        print(f"fleetsim: error: {err}; nothing was saved (fewer --jobs need less memory)", file=sys.stderr)
         return 1
     finally:
         close()

@@ -23,7 +23,6 @@ import json
 import math
 import multiprocessing
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -38,6 +37,7 @@ from simulator.planning.plan_result import Evaluation, ci_text, save_answer, slo
 from simulator.planning.search import smallest_passing
 from simulator.results.summary import SLO, round_sig
 from simulator.scenario import LoadedScenario
+from simulator.worker_pool import spawn_pool
 
 Layout = Literal["aggregated", "disaggregated"]
 LAYOUTS: tuple[Layout, ...] = ("aggregated", "disaggregated")
@@ -179,8 +179,7 @@ def plan_layouts(
     seed_list = list(range(loaded.scenario.seed, loaded.scenario.seed + seeds)) if isinstance(seeds, int) else list(
         seeds)
     num_workers = min(workers or multiprocessing.cpu_count(), len(seed_list))
-    pool = (ProcessPoolExecutor(max_workers=num_workers, mp_context=multiprocessing.get_context("spawn"))
-            if num_workers > 1 else None)
+    pool = spawn_pool(num_workers) if num_workers > 1 else None
     try:
         ev = Evaluator(base, str(loaded.source) if loaded.source else None, seed_list, criteria(the_slo), pool, log)
         search = _Search(ev, load_factor, loaded.scenario.simulation.cost_factor, max_gpus, objective, templates,

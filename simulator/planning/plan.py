@@ -53,6 +53,7 @@ from simulator.planning.search import largest_passing_factor, smallest_passing
 from simulator.results.intervals import summaries_with_ci
 from simulator.results.summary import SLO, Summary
 from simulator.scenario import LoadedScenario, deep_merge, expand_dotted, load_mapping, load_scenario
+from simulator.worker_pool import explained, spawn_pool
 from simulator.workload.workload import Workload
 
 __all__ = ["PlanResult", "plan"]
@@ -133,8 +134,11 @@ class Evaluator:
             return hit
         raw = deep_merge(self.base, expand_dotted(overrides))
         points = [_Point(raw=raw, source=self.source, seed=s, load_factor=load_factor) for s in self.seeds]
-        summaries = list(self.pool.map(_simulate_point, points)) if self.pool else [_simulate_point(p)
-                                                                                    for p in points]
+        if self.pool is None:
+            summaries = [_simulate_point(p) for p in points]
+        else:
+            with explained("running a plan's simulation", "workers=1 (--workers 1)"):
+                summaries = list(self.pool.map(_simulate_point, points))
         ci = summaries_with_ci(summaries)
         ev = Evaluation(summaries=summaries, ci=ci, passes=all(c.holds(ci[c.metric].mean) for c in self.crit))
         self.cache[key] = ev
@@ -231,8 +235,7 @@ def plan(
     crit = criteria(the_slo)
     base_cost = loaded.scenario.simulation.cost_factor
     num_workers = min(workers or multiprocessing.cpu_count(), len(seed_list))
-    pool = (ProcessPoolExecutor(max_workers=num_workers, mp_context=multiprocessing.get_context("spawn"))
-            if num_workers > 1 else None)
+    pool = spawn_pool(num_workers) if num_workers > 1 else None
     try:
         ev = Evaluator(raw, str(loaded.source) if loaded.source else None, seed_list, crit, pool, log)
         candidates = [

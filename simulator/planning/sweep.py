@@ -30,7 +30,7 @@ import multiprocessing
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import Future, as_completed
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -45,6 +45,7 @@ from simulator import yaml_text
 from simulator.cost.profile import config_error_from_validation
 from simulator.errors import ConfigError
 from simulator.scenario import deep_merge, expand_dotted
+from simulator.worker_pool import explained, spawn_pool
 
 __all__ = [
     "Executor",
@@ -237,6 +238,11 @@ def _outcome(item: T, get: Callable[[], R], on_error: OnError[T, R] | None) -> R
         return on_error(item, err)
 
 
+def _result(future: Future[R]) -> R:
+    with explained("running a sweep task", "workers=1 (--workers 1)"):
+        return future.result()
+
+
 def _run_local(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None,
                progress: _Progress | None, on_error: OnError[T, R] | None) -> Iterator[R]:
     num_workers = min(workers or multiprocessing.cpu_count(), max(len(items), 1))
@@ -247,13 +253,14 @@ def _run_local(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None,
                 progress.update(1)
             yield out
         return
-    # spawn: no inherited locks or threads (fork is unsafe with them), the same on Linux, macOS and Windows.
-    with ProcessPoolExecutor(max_workers=num_workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with spawn_pool(num_workers) as pool:
         futures: dict[Future[R], int] = {pool.submit(fn, item): i for i, item in enumerate(items)}
         results: dict[int, R] = {}
         for future in as_completed(futures):
             i = futures[future]
-            results[i] = _outcome(items[i], future.result, on_error)
+            # A worker that died breaks the pool: this task and every one left get ``WorkerDied`` (the tasks
+            # done keep their results).
+            results[i] = _outcome(items[i], functools.partial(_result, future), on_error)
             if progress is not None:
                 progress.update(1)
     yield from (results[i] for i in range(len(items)))

@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
     "simulator.errors": 0,
     "simulator.yaml_text": 0,
     "simulator.native": 0,
+    "simulator.worker_pool": 0,
     "simulator": 1,  # the package file: it only installs the native loader
     "simulator.cost": 2,
     "simulator.workload": 2,

@@ -3,6 +3,8 @@ local pool and on a real Ray instance, the merged table, the Pareto view, and ``
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import yaml
 from simulator.cli import main as cli
 from simulator.errors import ConfigError
 from simulator.planning.sweep import build_tasks, load_grid, pareto_front, run_task, run_tasks, save_sweep, sweep
+from simulator.worker_pool import WorkerDied
 
 SCENARIO: dict[str, Any] = {
     "schema_version": 1,
@@ -137,3 +140,23 @@ def test_a_grid_key_typo_is_one_line_before_any_task_runs(tmp_path: Path, capsys
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "grid.fleet.replica" in err and "did you mean 'replicas'" in err
     assert ran == [] and not (tmp_path / "out").exists()
+
+
+def _dies_on_one(item: int) -> int:
+    if item == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return item
+
+
+def test_a_worker_that_dies_is_an_explained_error_and_the_tasks_done_keep_their_results() -> None:
+    errors: list[BaseException] = []
+
+    def on_error(item: int, err: BaseException) -> int:
+        errors.append(err)
+        return -1
+
+    out = run_tasks(_dies_on_one, [0, 1, 2, 3], workers=2, on_error=on_error)
+    assert out[1] == -1 and all(x in (i, -1) for i, x in enumerate(out))
+    assert errors and all(isinstance(err, WorkerDied) and "--workers 1" in str(err) for err in errors)
+    with pytest.raises(WorkerDied, match="died"):
+        run_tasks(_dies_on_one, [0, 1, 2, 3], workers=2)

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import textwrap
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +19,7 @@ from simulator.cli.main import main
 from simulator.scenario import load_scenario
 from simulator.simulation import PARALLEL_MIN_REQUESTS, auto_jobs, run
 from simulator.variant_workers import VariantTask, WorkerDied, simulate_variants
+from simulator.worker_pool import explained
 
 ROOT = Path(__file__).resolve().parents[2]
 DAY = ROOT / "scenarios" / "day.yaml"
@@ -101,7 +106,8 @@ def test_a_dead_worker_is_one_line_and_saves_nothing(tmp_path: Path, monkeypatch
     import simulator.simulation
 
     def killed(*args: object, **kwargs: object) -> None:
-        raise WorkerDied("a worker process running a variant died: terminated abruptly")
+        with explained("running a variant", "jobs=1 (--jobs 1)"):
+            raise BrokenProcessPool("A process in the process pool was terminated abruptly")
 
     monkeypatch.setattr(simulator.simulation, "run", killed)
     out = tmp_path / "out"
@@ -109,3 +115,24 @@ def test_a_dead_worker_is_one_line_and_saves_nothing(tmp_path: Path, monkeypatch
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "worker process" in err and "--jobs 1" in err
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_a_script_without_a_main_guard_is_told_why_its_workers_died(tmp_path: Path) -> None:
+    """Spawned workers import the calling script again: unguarded, each fails as it starts and the pool breaks.
+    The caller gets ``WorkerDied`` naming the guard and the one-process way round, not a bare
+    ``BrokenProcessPool``."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(textwrap.dedent(f"""
+        from simulator import api
+        from simulator.worker_pool import WorkerDied
+        try:
+            api.run({str(DAY)!r}, {SHORT_DAY!r}, jobs=2)
+        except WorkerDied as err:
+            print("WorkerDied:", err)
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    told = [line for line in done.stdout.splitlines() if line.startswith("WorkerDied:")]
+    assert len(told) == 1, done.stdout[-2000:]
+    assert 'if __name__ == "__main__":' in told[0] and "jobs=1" in told[0]
