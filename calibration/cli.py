@@ -24,7 +24,17 @@ def require_engine(command: str) -> None:
                           "pip install -e '.[engine]'")
 
 
+def refuse_overwrite(out: Path, *, overwrite: bool) -> None:
+    """Before a calibration runs: a profile at ``out`` already (a link counts, even one pointing nowhere) is
+    refused without ``--overwrite``, so no profile is replaced by surprise and no measuring is spent on an
+    --out that would be refused. The grid's raw timings beside it are not: a rerun resumes into them when
+    they were measured with the same settings (``profiler.check_resumable``)."""
+    if not overwrite and (out.exists() or out.is_symlink()):
+        raise FileExistsError(f"{out} exists: choose another --out, or pass --overwrite to replace it")
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    refuse_overwrite(Path(args.out), overwrite=args.overwrite)
     if args.from_published is not None:
         return cmd_from_published(args)
     if args.endpoint is not None:
@@ -174,6 +184,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (profiles one rank's shard)")
     p.add_argument("--grid", choices=("ci", "cpu", "gpu"), default=None, help="grid preset (default by device)")
     p.add_argument("--out", required=True, type=Path, help="profile YAML to write (CSV and HTML go next to it)")
+    p.add_argument("--overwrite", action="store_true", help="replace the profile at --out if there is one")
     p.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16 (GPU default)")
     p.add_argument("--backend", default=None, help="attention backend (sdpa_gather on CPU, triton_paged on GPU)")
     p.add_argument("--kv-gib", type=float, default=DEFAULT_CPU_KV_GIB, help="CPU KV pool budget, GiB")

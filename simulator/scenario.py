@@ -54,7 +54,7 @@ PresetName = Literal["vllm", "tgi", "trtllm", "trtllm-max-util"]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class KVConfig(_Section):
@@ -912,7 +912,7 @@ def memory_estimate_bytes(scenario: Scenario) -> int | None:
     workload = scenario.workload
     num_requests: float | None = workload.num_requests
     if workload.arrival is not None and workload.duration_s is not None:
-        by_duration = workload.arrival.peak_rate_rps * workload.duration_s
+        by_duration = min(workload.arrival.peak_rate_rps * workload.duration_s, 1e18)  # finite (1e308 rps...)
         num_requests = by_duration if num_requests is None else min(num_requests, by_duration)
     if num_requests is None:
         return None

@@ -20,7 +20,7 @@ from simulator.cost.interpolation import interpolate
 class PiecewiseLinear(BaseModel):
     """Knots ``(x[i], y[i])`` joined by straight lines; linear past the last knot, flat before the first."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     x: tuple[float, ...] = Field(min_length=1)
     """Knot positions, strictly increasing and >= 0 (tokens, sequences or bytes: the field's docstring says)."""

@@ -29,7 +29,7 @@ _EngineName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9.-]*$")
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class Basis(StrEnum):

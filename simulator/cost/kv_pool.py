@@ -45,7 +45,7 @@ SAMPLER_FP32_BYTES_PER_LOGIT = 13
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class RankMemoryShape(_Frozen):

@@ -29,7 +29,7 @@ from simulator.errors import ConfigError, did_you_mean
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class LinkPreset(_Frozen):

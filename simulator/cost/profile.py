@@ -28,7 +28,7 @@ SCHEMA_VERSION: Literal[1] = 1
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class ProfileKind(StrEnum):

@@ -40,7 +40,7 @@ class DraftMethod(StrEnum):
 class SpeculativeConfig(BaseModel):
     """Speculative decoding of every replica (``engine.speculative``)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     method: DraftMethod = DraftMethod.EAGLE
     """ngram, eagle or draft_model: what proposes (and so what drafting costs)."""

@@ -18,7 +18,7 @@ from simulator.fleet.router import RouterPolicy
 class LifecycleConfig(BaseModel):
     """The ``lifecycle:`` section of a scenario: how long a new replica takes to serve."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     provision_s: float = Field(default=60.0, ge=0)
     """Seconds from the decision to a running container on a GPU (node scheduling, image pull, engine
@@ -42,7 +42,7 @@ AutoscalerPolicy = Literal["concurrency", "slo", "schedule", "oracle"]
 class AutoscalingConfig(BaseModel):
     """The ``autoscaling:`` section of a scenario (``fleet.replicas`` is the count at the start)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     policy: AutoscalerPolicy
     """Which policy decides: concurrency, slo, schedule or oracle."""
@@ -112,7 +112,7 @@ class FirstToken(StrEnum):
 class LinkConfig(BaseModel):
     """The link KV takes from prefill to decode workers: a preset of ``calibration/links.yaml``, or figures."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     preset: str = "nvlink4"
     """A link of calibration/links.yaml: nvlink4, nvlink3, ib_ndr, ib_hdr, ethernet_100g, ethernet_25g,
@@ -136,7 +136,7 @@ class LinkConfig(BaseModel):
 class DisaggregationConfig(BaseModel):
     """How a fleet of prefill and decode pools serves a request (the ``disaggregation:`` section)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     link: LinkConfig = LinkConfig()
     """The link between prefill and decode workers."""

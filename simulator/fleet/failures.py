@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Event(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class ReplicaCrash(_Event):
@@ -47,7 +47,7 @@ class SpotInterruption(_Event):
 class FailuresConfig(BaseModel):
     """The ``failures:`` section of a scenario."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     crashes: tuple[ReplicaCrash, ...] = ()
     """Scripted replica crashes."""

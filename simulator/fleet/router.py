@@ -39,7 +39,7 @@ RouterPolicy = Literal[
 class RouterConfig(BaseModel):
     """The ``router:`` section of a scenario."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     policy: RouterPolicy = "round_robin"
     """Routing policy by name; round robin is what a plain Kubernetes Service does, hence the default."""

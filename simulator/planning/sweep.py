@@ -77,7 +77,7 @@ class Executor(StrEnum):
 class GridFile(BaseModel):
     """A sweep's grid file."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, populate_by_name=True)
 
     scenario: str
     """Scenario YAML, relative to the grid file's folder."""

@@ -54,7 +54,7 @@ class SLO(BaseModel):
     of arrived requests meeting it reaches ``target_attainment`` *and* every percentile threshold set
     holds for the run's percentiles."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     ttft_ms: float | None = Field(default=None, gt=0)
     """Per request: time to first token must be at most this many milliseconds."""
@@ -75,7 +75,7 @@ class SLO(BaseModel):
 class CostConfig(BaseModel):
     """How GPU time is priced. GPUs per replica are the replica's tensor-parallel degree."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     usd_per_gpu_hour: float | None = Field(default=None, ge=0)
     """Price of one GPU for one hour in USD; None takes the hardware's list price from hardware.yaml."""

@@ -10,6 +10,7 @@ from typing import Annotated, Literal, Protocol, Self
 import numpy as np
 from pydantic import Field, model_validator
 
+from simulator.errors import ConfigError
 from simulator.workload.section import Section
 
 
@@ -34,8 +35,9 @@ class GammaArrival(Section):
     process: Literal["gamma"] = "gamma"
     rate_rps: float = Field(gt=0)
     """Mean arrival rate, requests (or new sessions) per second."""
-    cv: float = Field(gt=0)
-    """Coefficient of variation of inter-arrival times (1 = Poisson; Azure 2023 code trace measures 13)."""
+    cv: float = Field(ge=0.01, le=1000)
+    """Coefficient of variation of inter-arrival times (1 = Poisson; Azure 2023 code trace measures 13), 0.01
+    to 1000 (the gamma's shape, 1/cv², stays a normal float)."""
 
     @property
     def peak_rate_rps(self) -> float:
@@ -142,8 +144,12 @@ class DiurnalArrival(Section):
 
     def rate_at(self, time_s: np.ndarray) -> np.ndarray:
         """The rate at each time, requests per second."""
-        phase = 2 * np.pi * (np.asarray(time_s, dtype=np.float64) - self.peak_at_s) / self.period_s
-        rate = self.trough_rps + (self.peak_rps - self.trough_rps) * 0.5 * (1.0 + np.cos(phase))
+        # The offset divided first: finite for any finite times (a product first overflowed past ~1e307 s). A
+        # phase that is still not a number gives a rate that is not one: thinning keeps nothing there and says
+        # so (``_thinned``), without numpy's warnings on the way.
+        with np.errstate(over="ignore", invalid="ignore"):
+            phase = 2 * np.pi * ((np.asarray(time_s, dtype=np.float64) - self.peak_at_s) / self.period_s)
+            rate = self.trough_rps + (self.peak_rps - self.trough_rps) * 0.5 * (1.0 + np.cos(phase))
         for burst in self.bursts:
             inside = (time_s >= burst.start_s) & (time_s < burst.start_s + burst.duration_s)
             rate = np.where(inside, rate * burst.factor, rate)
@@ -160,11 +166,28 @@ def _thinned(rate_at: Callable[[np.ndarray], np.ndarray], peak: float, end_s: fl
     # Separate streams for gaps and coin flips: the draws then do not depend on the chunk size.
     gap_rng, keep_rng = rng.spawn(2)
     start = 0.0
+    drawn = kept = 0
     while start < end_s:
         candidates = start + np.cumsum(gap_rng.exponential(1.0 / peak, size))
         keep = keep_rng.random(size) * peak < rate_at(candidates)
         start = float(candidates[-1])
-        yield candidates[keep & (candidates < end_s)]
+        chosen = candidates[keep & (candidates < end_s)]
+        drawn += size
+        kept += len(chosen)
+        if drawn >= _THINNING_JUDGED and kept * _MAX_CANDIDATES_PER_ARRIVAL < drawn:
+            # The peak is so far above the rate everywhere else (or the rate is not a number there) that the
+            # arrivals asked for would take ages to draw: say so rather than loop.
+            raise ConfigError(
+                f"the arrival rate is below 1/{_MAX_CANDIDATES_PER_ARRIVAL:,} of its peak ({peak:g} requests/s) "
+                f"almost everywhere: {kept:,} arrivals in {drawn:,} candidates drawn at the peak rate; lower the "
+                "peak (peak_rps, a burst's factor, a curve point) or raise the rest", field="workload.arrival")
+        yield chosen
+
+
+_THINNING_JUDGED = 10_000_000
+"""Candidates a thinned process draws before it is judged (``_thinned``): about a second of numpy's time."""
+_MAX_CANDIDATES_PER_ARRIVAL = 100_000
+"""Candidates per kept arrival beyond which thinning stops as hopeless."""
 
 
 ArrivalConfig = Annotated[

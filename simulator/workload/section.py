@@ -5,4 +5,4 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)

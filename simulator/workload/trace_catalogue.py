@@ -34,7 +34,7 @@ CHUNK_BYTES = 1 << 20
 class TraceSource(BaseModel):
     """Where one public trace file comes from."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     format: TraceFormat
     """The reader the file needs (azure, mooncake, vidur)."""
@@ -51,7 +51,7 @@ class TraceSource(BaseModel):
 
 
 class TraceCatalogue(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     schema_version: Literal[1]
     traces: dict[str, TraceSource]

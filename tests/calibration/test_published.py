@@ -107,6 +107,22 @@ def test_cli_writes_a_profile_and_refuses_bad_data(tmp_path: Path, capsys: pytes
                      "--tp", "1", "--out", str(out)]) == 0
     assert "held-out MAPE" in capsys.readouterr().out
     assert load_profile(out).kind is ProfileKind.FITTED_PUBLISHED
+    fitted = out.read_bytes()
+    # An existing profile (or a link, even a dangling one) is the user's: refused without --overwrite.
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("precious\n")
+    dangling = tmp_path / "dangling.yaml"
+    dangling.symlink_to(tmp_path / "nowhere.yaml")
+    for path in (mine, dangling):
+        assert fleetsim(["calibrate", "--from-published", "vidur", "--hardware", "A100", "--model", "llama-3-8b",
+                         "--tp", "1", "--out", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--overwrite" in err, err
+    assert mine.read_text() == "precious\n" and dangling.is_symlink() and not dangling.exists()
+    assert fleetsim(["calibrate", "--from-published", "vidur", "--hardware", "A100", "--model", "llama-3-8b",
+                     "--tp", "1", "--out", str(mine), "--overwrite"]) == 0
+    capsys.readouterr()
+    assert mine.read_bytes() == fitted
     empty = tmp_path / "empty"
     empty.mkdir()
     assert fleetsim(["calibrate", "--from-published", "vidur", "--hardware", "A100", "--model", "llama-3-8b",

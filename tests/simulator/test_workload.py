@@ -146,6 +146,36 @@ def test_curve_ending_at_zero_rate_ends_the_process() -> None:
     assert abs(len(workload) - 50) < 5 * np.sqrt(50)
 
 
+@pytest.mark.parametrize("arrival", [
+    {"process": "poisson", "rate_rps": float("inf")},
+    {"process": "curve", "points": [[0, float("inf")], [100, 10]]},
+    {"process": "diurnal", "trough_rps": 1, "peak_rps": 5, "peak_at_s": float("nan")},
+    {"process": "gamma", "rate_rps": 5, "cv": 1e-300},
+])
+def test_arrival_settings_that_are_not_finite_or_out_of_range_are_refused_at_load(arrival: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        config(num_requests=50, arrival=arrival)
+
+
+@pytest.mark.parametrize("arrival", [
+    # A burst far above the rest, later on: until it starts, candidates at its peak are almost all thrown away.
+    {"process": "diurnal", "trough_rps": 1, "peak_rps": 5, "peak_at_s": 100, "period_s": 200,
+     "bursts": [{"start_s": 1000, "duration_s": 10, "factor": 1e300}]},
+    # Times so large that the rate's phase is not a number anywhere: nothing is ever kept.
+    {"process": "diurnal", "trough_rps": 1, "peak_rps": 5, "peak_at_s": 1e308, "period_s": 1e-300},
+])
+def test_thinning_that_would_keep_almost_nothing_stops_with_a_config_error(arrival: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match="arrival rate is below"):
+        generate(config(num_requests=50, arrival=arrival), seed=0, block_size=BLOCK)
+
+
+def test_a_diurnal_curve_far_out_in_time_still_has_a_rate() -> None:
+    """The phase divides the time's offset first: finite for finite settings however large."""
+    far = {"process": "diurnal", "trough_rps": 1, "peak_rps": 5, "peak_at_s": 1e308, "period_s": 1e308}
+    workload = generate(config(num_requests=50, arrival=far), seed=0, block_size=BLOCK)
+    assert len(workload) == 50 and np.all(np.isfinite(workload.arrival_s))
+
+
 def test_arrival_times_needs_a_limit() -> None:
     process = CurveArrival(points=((0.0, 1.0),))
     with pytest.raises(ValueError):
