@@ -423,8 +423,10 @@ class Scheduler:
         steps = 1 << 30
         for request in running:
             outputs = request.num_output_tokens
-            if request.num_prompt_tokens + outputs - request.num_computed_tokens != 1:  # num_tokens - computed
-                return 0  # a prompt chunk is still pending
+            if request.num_prompt_tokens + outputs - request.num_computed_tokens != 1 or outputs == 0:
+                # A prompt chunk is still pending (num_tokens - computed); or its last one, a single token,
+                # looks like a decode but samples the first token, which only a step of its own logs.
+                return 0
             remaining = request.max_output_tokens - outputs
             if remaining < steps:
                 steps = remaining

@@ -123,7 +123,7 @@ def _session_turns(
     )
     num_turns = np.maximum(sessions.turns.sample(rng(seed, Stream.TURNS), len(starts), base_dir), 1)
     session = np.repeat(np.arange(len(starts), dtype=np.int64), num_turns)
-    first = np.concatenate([[0], np.cumsum(num_turns)[:-1]]).astype(np.int64)
+    first = (np.cumsum(num_turns) - num_turns).astype(np.int64)  # each session's first row (none for none)
 
     gaps = sessions.response_time_estimate_s + rng(seed, Stream.THINK).exponential(
         sessions.think_time_s, len(session)

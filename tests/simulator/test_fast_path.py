@@ -41,6 +41,10 @@ CASES = {
         "router.refresh_s=0.05",
     ],
     "horizon": ["simulation.horizon_s=6", "workload.arrival.rate_rps=200", "engine.max_num_seqs=16"],
+    # A prompt's last chunk of one token looks like a decode, but its step samples the first token.
+    "sync-one-token-last-chunk": ["engine.async_scheduling=false", "engine.max_num_batched_tokens=2048",
+                                  "workload.prompt_tokens.min=2049", "workload.prompt_tokens.max=2049",
+                                  "workload.arrival.rate_rps=10"],
     "async": ["engine.async_scheduling=true"],
     "async-overload-preemption": ["engine.async_scheduling=true", "engine.kv.num_blocks=600", "engine.max_num_seqs=24",
                                   "workload.arrival.rate_rps=120", "router.policy=least_kv"],

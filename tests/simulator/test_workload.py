@@ -312,6 +312,13 @@ def test_sessions_with_a_duration_end_there() -> None:
     assert set(turns_by_session(workload)) == set(range(workload.session_id.max() + 1))
 
 
+def test_sessions_none_of_which_starts_before_the_duration_make_an_empty_workload() -> None:
+    """As without sessions: a constant 0.1 sessions/s starts its first at 10 s, after a 5 s duration."""
+    arrival = {"process": "constant", "rate_rps": 0.1}
+    workload = generate(session_config(num_requests=None, duration_s=5.0, arrival=arrival), seed=1, block_size=BLOCK)
+    assert len(workload) == 0
+
+
 def test_think_time_zero_spaces_turns_by_the_response_estimate() -> None:
     sessions = {**SESSIONS, "think_time_s": 0.0, "turns": {"dist": "fixed", "value": 3}}
     workload = generate(session_config(sessions=sessions, num_requests=90), seed=1, block_size=BLOCK)
