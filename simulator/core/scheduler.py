@@ -567,9 +567,10 @@ class Scheduler:
             computed = request.num_computed_tokens
             placeholders = request.num_output_placeholders
             num_new = request.num_prompt_tokens + request.num_output_tokens + placeholders - computed
-            if num_spec and num_new == 1:
+            if num_spec and num_new == 1 and request.num_output_tokens:
                 # A decode with proposals: slots for them too (vLLM's num_tokens_with_spec), none past the
-                # last output (the verifier samples one token of its own).
+                # last output (the verifier samples one token of its own). Not a prompt's last chunk of one
+                # token: nothing is drafted before a request's first token is sampled.
                 num_new += min(num_spec, request.max_output_tokens - request.num_output_tokens - 1)
             if placeholders and computed + 2 - placeholders >= request.num_prompt_tokens + request.max_output_tokens:
                 # Async scheduling: the step in flight samples its last token; another step would be wasted

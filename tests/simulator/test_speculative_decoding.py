@@ -54,6 +54,25 @@ def test_speculation_cuts_batch_one_tpot_by_the_tokens_per_step() -> None:
     assert "spec_tokens_per_step" not in off.to_dict() and "spec_tokens_per_step" in fast.to_dict()
 
 
+@pytest.mark.parametrize("horizon_s", [None, 2.5])
+def test_a_prompts_last_chunk_of_one_token_samples_the_first_token_without_drafts(horizon_s: float | None) -> None:
+    """Two tokens of budget: a 2-token prompt's last chunk is a single token, shaped like a decode. It gets no
+    proposals (nothing is drafted before the first token) and its step logs the first token; drafted, the
+    verifier's accepted tokens made its output count skip 1 and the first token went unlogged until the finish
+    (with a horizon between them, an in-flight request with tokens and no first token: the run check failed)."""
+    raw = {**BASE, "seed": 1,
+           "workload": {"num_requests": 5, "arrival": {"process": "poisson", "rate_rps": 54.0},
+                        "prompt_tokens": {"dist": "uniform", "low": 1, "high": 2},
+                        "output_tokens": {"dist": "fixed", "value": 300}},
+           "engine": {"max_num_batched_tokens": 2, "speculative": spec(k=1, acceptance_rate=0.5)},
+           "simulation": {"horizon_s": horizon_s}}
+    columns = run(load_mapping(raw), check=True).variants["base"].requests.columns()
+    first, finish = columns["first_token_s"], columns["finish_s"]
+    assert (columns["prompt_tokens"] == 2).any()
+    finished = finish == finish  # not NaN
+    assert finished.any() and (first[finished] < finish[finished]).all()
+
+
 def test_a_draft_costs_its_fraction_of_the_step() -> None:
     out = summaries({"free": {"engine.speculative": spec()},
                      "dear": {"engine.speculative": spec(method="draft_model", draft_cost_fraction=0.5)}})
