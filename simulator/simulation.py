@@ -24,7 +24,7 @@ from simulator.cost.cost_model import CostModel
 from simulator.cost.profile import get_accelerator
 from simulator.cost.speed import relative_speeds
 from simulator.errors import ConfigError
-from simulator.fleet.config import LifecycleConfig
+from simulator.fleet.config import FirstToken, LifecycleConfig
 from simulator.fleet.fleet import FleetRun, FleetSetup, InspectFn, ProgressFn, run_fleet
 from simulator.fleet.replica import Replica
 from simulator.results.invariants import ReplicaEnd, check_requested, check_run
@@ -253,9 +253,13 @@ def _finish_run(scenario: Scenario, workload: Workload, fleet: FleetRun, *, name
     fleet.log.record_produced({rid: produced for replica in fleet.replicas
                                for rid, (produced, _) in _live(replica, handoff).items()})
     if check_requested(check):
+        # A request whose prefill produced its first token, on its way to a decode worker that will stream it
+        # (``first_token: decode``): produced, not yet delivered.
+        undelivered = ([rid for rid, produced in handoff.items() if produced == 1]
+                       if disaggregation_of(scenario).first_token is FirstToken.DECODE else [])
         check_run(fleet.log, [replica_end(replica, handoff) for replica in fleet.replicas], variant=name,
                   num_requests=len(workload), horizon=scenario.simulation.horizon_s is not None, failed=failed,
-                  pending=pending or [])
+                  pending=pending or [], undelivered=undelivered)
 
 
 def num_replicas(scenario: Scenario) -> int:

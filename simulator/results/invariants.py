@@ -68,13 +68,16 @@ class ReplicaEnd:
 
 
 def check_run(log: RequestLog, ends: Sequence[ReplicaEnd], *, variant: str, num_requests: int,
-              horizon: bool, failed: np.ndarray | None = None, pending: Sequence[int] = ()) -> None:
+              horizon: bool, failed: np.ndarray | None = None, pending: Sequence[int] = (),
+              undelivered: Sequence[int] = ()) -> None:
     """Raise ``InvariantError`` naming every invariant the run broke; return quietly when all hold.
     ``failed``: requests a fleet with failures gave up on after their retries (per id); ``pending``:
     requests the fleet itself holds at the horizon (waiting at the router for a ready replica, or lost with
-    a crashed replica the router has not noticed yet), held there as if by the replica last routed to."""
+    a crashed replica the router has not noticed yet), held there as if by the replica last routed to;
+    ``undelivered``: requests whose one token produced has not reached the client by the horizon (a
+    disaggregated request's first token, on its way to the decode worker that streams it)."""
     problems = [*_request_problems(log, ends, num_requests=num_requests, horizon=horizon, failed=failed,
-                                   pending=pending),
+                                   pending=pending, undelivered=undelivered),
                 *_latency_problems(log), *(p for end in ends for p in _kv_problems(end))]
     if problems:
         raise InvariantError(one_line(f"run check failed ({variant}): {'; '.join(problems)}"))
@@ -87,7 +90,8 @@ def _ids(mask: np.ndarray) -> str:
 
 
 def _request_problems(log: RequestLog, ends: Sequence[ReplicaEnd], *, num_requests: int,
-                      horizon: bool, failed: np.ndarray | None = None, pending: Sequence[int] = ()) -> list[str]:
+                      horizon: bool, failed: np.ndarray | None = None, pending: Sequence[int] = (),
+                      undelivered: Sequence[int] = ()) -> list[str]:
     c = log.columns()
     out = c["output_tokens"]
     produced = c["produced_tokens"]
@@ -95,6 +99,8 @@ def _request_problems(log: RequestLog, ends: Sequence[ReplicaEnd], *, num_reques
     completed, in_flight, rejected = (masks[RequestOutcome.COMPLETED], masks[RequestOutcome.IN_FLIGHT],
                                       masks[RequestOutcome.REJECTED])
     arrived = ~np.isnan(c["arrival_s"])
+    on_the_way = np.zeros(len(out), dtype=bool)
+    on_the_way[np.asarray(undelivered, dtype=np.int64)] = True
     held = np.zeros(len(out), dtype=np.int64)
     held_by = np.full(len(out), -1, dtype=np.int64)
     problems: list[str] = []
@@ -130,7 +136,9 @@ def _request_problems(log: RequestLog, ends: Sequence[ReplicaEnd], *, num_reques
         ("completed with produced tokens != requested", completed & (produced != out)),
         ("in flight with every token produced, or a negative count", in_flight & ((produced >= out) | (produced < 0))),
         ("in flight with a first token but none produced, or the reverse",
-         in_flight & ((produced > 0) != ~np.isnan(c["first_token_s"]))),
+         in_flight & ((produced > 0) != ~np.isnan(c["first_token_s"])) & ~on_the_way),
+        ("on its way to the client with a first token, or other than one token produced",
+         on_the_way & (~in_flight | (produced != 1) | ~np.isnan(c["first_token_s"]))),
         ("rejected with tokens produced", rejected & (produced != 0)),
     ]
     if not horizon:

@@ -154,6 +154,26 @@ def test_at_a_horizon_every_arrival_is_completed_rejected_or_in_flight(horizon_s
     assert result.fleet.handoffs.num_waiting_at_end >= 0
 
 
+@pytest.mark.parametrize("first_token", ["decode", "prefill"])
+def test_a_horizon_during_a_transfer_passes_the_run_check_with_its_first_token_where_the_client_gets_it(
+        first_token: str) -> None:
+    """A slow link (100 ms) and a horizon inside the transfer: the prefill produced the first token; with
+    ``first_token: decode`` the client has not seen it yet (no first token logged, one token produced), with
+    ``prefill`` it has. The run check (on in tests) accepts both and nothing else."""
+    raw = {"schema_version": 1, "name": "disagg-horizon",
+           "workload": {"num_requests": 1, "arrival": {"process": "constant", "rate_rps": 1.0},
+                        "prompt_tokens": {"dist": "fixed", "value": 1000},
+                        "output_tokens": {"dist": "fixed", "value": 10}},
+           "fleet": {"pools": {"prefill": {"role": "prefill", "replicas": 1},
+                               "decode": {"role": "decode", "replicas": 1}}},
+           "disaggregation": {"link": {"preset": "ethernet_25g", "latency_us": 100000},
+                              "transfer": "after_prefill", "first_token": first_token},
+           "simulation": {"horizon_s": 1.05}}
+    columns = run(load_mapping(raw), check=True).variants["base"].requests.columns()
+    assert columns["produced_tokens"][0] == 1 and np.isnan(columns["finish_s"][0])
+    assert np.isnan(columns["first_token_s"][0]) == (first_token == "decode")
+
+
 def test_a_request_no_decode_worker_could_hold_is_rejected_not_lost() -> None:
     small = {"prefill": PD["prefill"], "decode": {"role": "decode", "replicas": 1, "engine": {"max_model_len": 2000}}}
     result = simulate(scenario(pools=small))
