@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Final, Literal, Self
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -51,6 +51,10 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 1
 PresetName = Literal["vllm", "tgi", "trtllm", "trtllm-max-util"]
+
+
+SEED_LIMIT: Final = 2**63
+"""Seeds are below this: a 64-bit signed integer, as the run's tables store them."""
 
 
 class _Section(BaseModel):
@@ -248,7 +252,7 @@ class Scenario(_Section):
     name: str = Field(min_length=1, max_length=128)
     """The run's name, and the folder it is saved in under ``runs/``: a name, never a path."""
     description: str = ""
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, lt=SEED_LIMIT)
     """Seed of the workload and of randomised routers; the same seed gives identical results."""
     workload: WorkloadConfig
     fleet: FleetConfig = FleetConfig()
@@ -479,7 +483,9 @@ def pick_profile(fleet: FleetConfig) -> Profile:
         try:
             profile = load_profile(fleet.profile)
         except ConfigError as err:
-            raise ConfigError(err.message, file=err.file, field="fleet.profile") from None
+            # The profile file's own field, if the error names one: "fleet.profile (device_s.weight_s)".
+            where = "fleet.profile" if err.field is None else f"fleet.profile ({err.field})"
+            raise ConfigError(err.message, file=err.file, field=where) from None
         mismatches = [
             f"{name} {mine!r} vs profile's {theirs!r}"
             for name, mine, theirs in (

@@ -108,7 +108,9 @@ def _print_front(frame: Any, keys: list[str], latency: str) -> None:
     from simulator.planning.sweep import pareto_points
 
     points = pareto_points(frame, keys, y=latency)
-    front = points[points["on_front"]].sort_values("cost_per_mtok_usd")
+    if points.empty:  # every task failed (each said so)
+        return
+    front = points[points["on_front"].astype(bool)].sort_values("cost_per_mtok_usd")
     if front.empty:
         return
     print(f"Pareto front (cost per Mtok vs {latency}, mean over seeds):")

@@ -45,31 +45,36 @@ FLEETSIM_ENGINE = "fleetsim"
 """``Profile.measured_on`` of a profile measured on this project's own engine (``fleetsim calibrate``)."""
 
 
+MAX_STEP_TERM_S = 3600.0
+"""No term of one step's time is as much as an hour: a profile's device times above it are refused (and a
+term of 1e308 s overflowed the cost model's arithmetic)."""
+
+
 class DeviceCoefficients(_Frozen):
     """Device (GPU) time of one step: research §4.3,
     ``a0 + smoothmax(W, f·N) + m·[N > 1] + k·Σctx + q·Σpairs + s·B``, at least ``eager_floor_s`` for a
     step that runs without a CUDA graph."""
 
-    a0_s: float = Field(ge=0)
+    a0_s: float = Field(ge=0, le=MAX_STEP_TERM_S)
     """Fixed time of every non-empty step, seconds (kernels whose cost does not scale with the batch)."""
-    weight_s: float = Field(ge=0)
+    weight_s: float = Field(ge=0, le=MAX_STEP_TERM_S)
     """W_eff: flat weight-read time, seconds (weight bytes / achieved bandwidth); the floor of small steps."""
-    per_token_s: float = Field(ge=0)
+    per_token_s: float = Field(ge=0, le=MAX_STEP_TERM_S)
     """f: seconds per new token once GEMMs are compute-bound (≈ 2·params / achieved FLOP rate)."""
-    knee_p: float = Field(default=4.0, gt=0)
+    knee_p: float = Field(default=4.0, gt=0, le=64)
     """Smoothmax exponent p in (W^p + (f·N)^p)^(1/p); larger is a sharper memory/compute knee."""
-    per_ctx_token_s: float = Field(ge=0)
+    per_ctx_token_s: float = Field(ge=0, le=MAX_STEP_TERM_S)
     """k: seconds per context token read by decode attention (KV bytes per token / bandwidth)."""
-    per_attn_pair_s: float = Field(ge=0)
+    per_attn_pair_s: float = Field(ge=0, le=MAX_STEP_TERM_S)
     """q: seconds per causal attention pair of a prefill chunk (4·d_head·H_q·layers / FLOP rate)."""
-    per_seq_s: float = Field(ge=0)
+    per_seq_s: float = Field(ge=0, le=MAX_STEP_TERM_S)
     """s: seconds per sequence in the step (sampling, logits, per-sequence metadata)."""
-    multi_token_s: float = Field(default=0.0, ge=0)
+    multi_token_s: float = Field(default=0.0, ge=0, le=MAX_STEP_TERM_S)
     """m: extra fixed seconds of a step that runs more than one new token. On CPU a one-token step's
     matmuls run as matrix-vector kernels, while two or more tokens switch to matrix-matrix kernels that
     pack the weights first (measured on the small model: batch 1 decode ~12 ms, batch 2 ~20 ms, then
     ~2.5 ms per extra sequence). 0 (no such step) for GPU and analytic profiles."""
-    eager_floor_s: float = Field(default=0.0, ge=0)
+    eager_floor_s: float = Field(default=0.0, ge=0, le=MAX_STEP_TERM_S)
     """The least device time of a step the engine cannot replay as a CUDA graph (a profile with
     ``cuda_graph_batch_sizes``): one with prefill tokens, a row of more than one new token, or more rows
     than the largest captured batch. Such a step launches every kernel from the host one by one, and the
@@ -582,9 +587,13 @@ def load_profile(name_or_path: str | Path) -> Profile:
 @functools.lru_cache(maxsize=32)
 def _load_profile_file(path: Path, mtime_ns: int, size: int) -> Profile:
     try:
-        data = yaml_text.safe_load(path.read_text())
+        data = yaml_text.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         raise ConfigError(f"not valid YAML: {err}", file=path) from None
+    except UnicodeDecodeError:
+        raise ConfigError("not a text file (not UTF-8): is it a profile YAML?", file=path) from None
+    except OSError as err:
+        raise ConfigError(f"cannot read profile: {err.strerror or err}", file=path) from None
     return parse_profile(data, file=path)
 
 

@@ -32,7 +32,7 @@ import pandas as pd
 from simulator.cost.profile import get_accelerator
 from simulator.errors import ConfigError
 from simulator.planning.criteria import criteria
-from simulator.planning.plan import Evaluator, loaded_scenario, planned_scenario, stream_rate
+from simulator.planning.plan import Evaluator, check_load_and_seeds, loaded_scenario, planned_scenario, stream_rate
 from simulator.planning.plan_result import Evaluation, ci_text, save_answer, slo_text
 from simulator.planning.search import smallest_passing
 from simulator.results.summary import SLO, round_sig
@@ -157,8 +157,7 @@ def plan_layouts(
 ) -> LayoutPlan:
     """Plan the layout of ``scenario`` (see the module docstring). ``hardware`` maps a role (mixed, prefill,
     decode) to the GPUs to try for it (default: the scenario's)."""
-    if not load_factor > 0:
-        raise ConfigError(f"load_factor must be > 0, got {load_factor}", field="load_factor")
+    check_load_and_seeds(load_factor, seeds)
     if max_gpus < 1:
         raise ConfigError(f"max_gpus must be >= 1, got {max_gpus}", field="max_gpus")
     unknown = [layout for layout in layouts if layout not in LAYOUTS]

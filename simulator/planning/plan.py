@@ -52,7 +52,7 @@ from simulator.planning.plan_result import Evaluation, KneeResult, PlanResult, R
 from simulator.planning.search import largest_passing_factor, smallest_passing
 from simulator.results.intervals import summaries_with_ci
 from simulator.results.summary import SLO, Summary
-from simulator.scenario import LoadedScenario, deep_merge, expand_dotted, load_mapping, load_scenario
+from simulator.scenario import SEED_LIMIT, LoadedScenario, deep_merge, expand_dotted, load_mapping, load_scenario
 from simulator.worker_pool import explained, spawn_pool
 from simulator.workload.workload import Workload
 
@@ -220,8 +220,7 @@ def plan(
     at most the CPU count; 1 runs everything in this process).
     """
     loaded = loaded_scenario(scenario, tuple(overrides))
-    if not load_factor > 0:
-        raise ConfigError(f"load_factor must be > 0, got {load_factor}", field="load_factor")
+    check_load_and_seeds(load_factor, seeds)
     if max_replicas < 1:
         raise ConfigError(f"max_replicas must be >= 1, got {max_replicas}", field="max_replicas")
     loaded, raw = planned_scenario(loaded, slo=slo, variant=variant)
@@ -322,6 +321,22 @@ def _knee(ev: Evaluator, best: ReplicaAnswer, *, load_factor: float, cost_factor
     ok, bad = largest_passing_factor(one_replica_passes, start=load_factor / start)
     base_rate = stream_rate_rps / load_factor
     return KneeResult(factor=ok, rate_rps=ok * base_rate, failing_rate_rps=None if bad is None else bad * base_rate)
+
+
+MAX_SEEDS = 1000
+"""Most seeds a plan runs each point with (each is a whole simulation per point tried)."""
+
+
+def check_load_and_seeds(load_factor: float, seeds: int | Sequence[int]) -> None:
+    """A plan's load factor (finite, > 0) and seeds (a count of 1 to ``MAX_SEEDS``, or seeds each 0 to
+    2**63 - 1, as a scenario's), refused in one line before anything runs."""
+    if not (load_factor > 0 and math.isfinite(load_factor)):
+        raise ConfigError(f"load_factor must be a finite number > 0, got {load_factor}", field="load_factor")
+    if isinstance(seeds, int):
+        if not 1 <= seeds <= MAX_SEEDS:
+            raise ConfigError(f"seeds must be a count from 1 to {MAX_SEEDS}, got {seeds}", field="seeds")
+    elif not all(isinstance(seed, int) and 0 <= seed < SEED_LIMIT for seed in seeds):
+        raise ConfigError(f"seeds must be whole numbers from 0 to {SEED_LIMIT - 1}", field="seeds")
 
 
 def _nan_last(value: float) -> float:

@@ -34,7 +34,7 @@ from concurrent.futures import Future, as_completed
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, cast
+from typing import Annotated, Any, Protocol, TypeVar, cast
 
 import numpy as np
 import pandas as pd
@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from simulator import yaml_text
 from simulator.cost.profile import config_error_from_validation
 from simulator.errors import ConfigError
-from simulator.scenario import deep_merge, expand_dotted
+from simulator.scenario import SEED_LIMIT, deep_merge, expand_dotted
 from simulator.worker_pool import explained, spawn_pool
 
 __all__ = [
@@ -81,7 +81,7 @@ class GridFile(BaseModel):
 
     scenario: str
     """Scenario YAML, relative to the grid file's folder."""
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    seeds: list[Annotated[int, Field(ge=0, lt=SEED_LIMIT)]] = Field(default_factory=lambda: [0], min_length=1)
     """Seeds every grid point runs with; each (point, seed) is one task."""
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     """Dotted scenario key -> values; the sweep runs the cartesian product of all lists."""

@@ -266,3 +266,14 @@ def test_a_printed_interval_is_never_negative() -> None:
     low, high = (float(x) for x in text[text.index("[") + 1 : -1].split(", "))
     assert 0.97 <= low <= high <= 1.0
     assert ci_text(metric_interval(np.array([5.0])), ".0f") == "5"
+
+
+@pytest.mark.parametrize(("options", "needle"), [({"load_factor": math.inf}, "load_factor"),
+                                                 ({"load_factor": 0.0}, "load_factor"),
+                                                 ({"seeds": 10**30}, "seeds"), ({"seeds": 0}, "seeds"),
+                                                 ({"seeds": [-1]}, "seeds")])
+def test_impossible_load_factors_and_seeds_are_refused_before_any_simulation(options: dict[str, Any],
+                                                                             needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        plan(SMALL, **{**QUICK, **options})
+    assert info.value.field == needle

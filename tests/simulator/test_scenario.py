@@ -147,6 +147,23 @@ def test_profile_that_does_not_match_the_fleet(tmp_path: Path) -> None:
     assert "does not match" in error.message
 
 
+def test_a_profile_file_that_is_binary_or_holds_an_absurd_time_is_one_line_naming_it(tmp_path: Path) -> None:
+    from simulator.cost.profile import resolve_profile_path
+
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\x00\x01\xff\xfe binary")
+    text = resolve_profile_path("h200-llama-3-8b-tp1-analytic").read_text()
+    absurd = tmp_path / "absurd.yaml"
+    absurd.write_text(text.replace("weight_s:", "weight_s: 1.0e+308 #", 1))
+    for profile, field, needle in ((binary, "fleet.profile", "not a text file"),
+                                   (absurd, "fleet.profile (device_s.weight_s)", "less than or equal to 3600")):
+        with pytest.raises(ConfigError) as info:
+            load_scenario(write(tmp_path, with_({"fleet.profile": str(profile)})))
+        error = info.value
+        assert error.file == str(profile) and error.field == field and needle in error.message, str(error)
+        assert "\n" not in str(error)
+
+
 def test_trace_and_synthetic_lengths_are_exclusive(tmp_path: Path) -> None:
     data = with_({"workload.trace": {"format": "azure", "path": "x.csv"}})
     error = load_error(tmp_path, data)

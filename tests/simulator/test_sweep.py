@@ -56,6 +56,19 @@ def test_grid_file_errors_name_the_field(tmp_path: Path) -> None:
     path = write_grid(tmp_path, {"fleet.replicas": []})
     with pytest.raises(ConfigError, match=r"grid\.fleet\.replicas"):
         load_grid(path)
+    for seed in (-1, 2**63):  # a scenario's seeds: 0 to 2**63 - 1 (the tables store them as int64)
+        with pytest.raises(ConfigError, match=r"seeds\.0"):
+            load_grid(write_grid(tmp_path, {"fleet.replicas": [1]}, seeds=[seed]))
+
+
+def test_a_sweep_whose_every_task_failed_prints_no_front(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each failed task has said so: no Pareto front, and no error printing it (a KeyError once)."""
+    from simulator.cli.plan import _print_front
+
+    frame = pd.DataFrame({"fleet.replicas": [1, 2], "variant": ["base", "base"], "seed": [0, 0],
+                          "error": ["boom", "boom"]})
+    _print_front(frame, ["fleet.replicas"], "e2e_p99_ms")
+    assert capsys.readouterr().out == ""
 
 
 def test_pareto_front() -> None:
