@@ -96,8 +96,13 @@ def cmd_from_published(args: argparse.Namespace) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ConfigError(f"cannot create the output folder: {err.strerror or err}", file=out.parent) from None
-    result = fit_published(args.model, args.hardware, args.tp, data=args.data, source=args.from_published,
-                           engine=args.engine, folds=args.folds, seed=args.seed)
+    try:
+        result = fit_published(args.model, args.hardware, args.tp, data=args.data, source=args.from_published,
+                               engine=args.engine, folds=args.folds, seed=args.seed)
+    except (ValueError, IndexError) as err:
+        # Files that read well but cannot be fitted (one token count, no rank count that is a power of two):
+        # the data, not the program, so one line naming it.
+        raise ConfigError(f"cannot fit a profile to this data: {err}", field="data") from None
     profile = result.profile
     temporary = out.with_name(f".{out.name}.tmp")
     profile.save(temporary)

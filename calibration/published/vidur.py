@@ -82,14 +82,28 @@ def read_table(path: Path, columns: tuple[str, ...] | list[str]) -> pd.DataFrame
         shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
         raise ConfigError(f"lacks columns {shown}", file=path)
     for column in columns:
-        if column.startswith("time_stats.") or column in ("num_tokens", "size"):
+        values = pd.to_numeric(df[column], errors="coerce").to_numpy(dtype=np.float64)
+        if column.startswith("time_stats."):
             # Timing columns may be empty where they do not apply (decode time of a prefill row); a value
-            # that is there must be a number >= 0.
+            # that is there must be milliseconds >= 0, and less than an hour.
             present = df[column].notna().to_numpy()
-            values = pd.to_numeric(df[column], errors="coerce").to_numpy(dtype=np.float64)
-            if not present.any() or np.any(present & ~(np.isfinite(values) & (values >= 0))):
-                raise ConfigError(f"column {column} has a negative or non-numeric value, or none", file=path)
+            if not present.any() or np.any(present & ~(np.isfinite(values) & (values >= 0) & (values < MAX_MS))):
+                raise ConfigError(f"column {column} has a negative, non-numeric or absurd value (an hour or "
+                                  "more), or none", file=path)
+        elif column != "is_prefill":
+            # Counts and shapes (tokens, sizes, ranks, heads): every row a whole number >= 0.
+            bad = ~(np.isfinite(values) & (values >= 0) & (values == np.floor(values)))
+            if bad.any():
+                first = int(np.flatnonzero(bad)[0])
+                value = df[column].iloc[first]
+                shown = "nothing" if pd.isna(value) else repr(str(value))
+                raise ConfigError(f"column {column} needs a whole number >= 0 on every row; data row {first + 1} "
+                                  f"has {shown}", file=path)
     return df
+
+
+MAX_MS = 3_600_000.0
+"""A published time of an hour or more (in milliseconds) is not a kernel's: the file is refused."""
 
 
 def check_data_dir(data: Path) -> Path:
@@ -200,7 +214,7 @@ class AllReduceCurves:
         try:
             return self.curves[ranks]
         except KeyError:
-            known = ", ".join(str(r) for r in sorted(self.curves))
+            known = ", ".join(str(r) for r in sorted(self.curves)) or "none (no row within one node)"
             raise ConfigError(f"no all-reduce measurements on {self.topology} at {ranks} ranks; ranks: {known}",
                               field="tp") from None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -130,3 +131,44 @@ def test_cli_writes_a_profile_and_refuses_bad_data(tmp_path: Path, capsys: pytes
     assert "no operator files" in capsys.readouterr().err
     assert not (tmp_path / "q.yaml").exists()
     shutil.rmtree(empty)
+
+
+def _cut_first_row(text: str) -> str:
+    lines = text.splitlines()
+    lines[1] = ",".join(lines[1].split(",")[:3])
+    return "\n".join(lines) + "\n"
+
+
+def _every_row(column: str, value: str) -> Callable[[str], str]:
+    def mutate(text: str) -> str:
+        lines = text.splitlines()
+        at = lines[0].split(",").index(column)
+        rows = [line.split(",") for line in lines[1:]]
+        for row in rows:
+            row[at] = value
+        return "\n".join([lines[0], *(",".join(row) for row in rows)]) + "\n"
+    return mutate
+
+
+@pytest.mark.parametrize(("target", "mutate", "tp", "needle"), [
+    ("compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv", _cut_first_row, 1, "whole number"),
+    ("compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv", _every_row("time_stats.mlp_up_proj.median", "1e308"), 1,
+     "absurd"),
+    ("compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv", _every_row("num_tokens", "1"), 1, "cannot fit"),
+    ("compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv", _every_row("num_tensor_parallel_workers", "3"), 1,
+     "no rows at tp=1; tp in the data: 3"),
+    ("network/a100_dgx/all_reduce.csv", _every_row("num_workers", "3"), 2, "no all-reduce measurements"),
+])
+def test_published_files_that_read_but_make_no_sense_are_one_line_and_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str, mutate: Callable[[str], str], tp: int,
+        needle: str) -> None:
+    data = tmp_path / "vidur"
+    shutil.copytree(DATA, data)
+    path = data / target
+    path.write_text(mutate(path.read_text()))
+    out = tmp_path / "p.yaml"
+    assert fleetsim(["calibrate", "--from-published", "vidur", "--hardware", "A100", "--model", "llama-2-7b",
+                     "--tp", str(tp), "--data", str(data), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err, err
+    assert not out.exists()
