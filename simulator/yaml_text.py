@@ -6,7 +6,7 @@ errors (``yaml.YAMLError``).
 Bounded before anything is built: the document is composed into nodes first (aliases there are shared
 nodes, so a billion-laughs file is a few dozen of them), and one whose values, aliases expanded, exceed
 ``MAX_VALUES`` or whose nesting exceeds ``MAX_DEPTH`` (or whose aliases refer to themselves) is refused
-with ``YAMLLimitError`` — never expanded into memory.
+with ``YAMLLimitError`` — never expanded into memory. So is a mapping that gives one key twice.
 """
 
 from __future__ import annotations
@@ -76,8 +76,23 @@ def check_limits(root: yaml.Node) -> None:
         if len(on_path) > MAX_DEPTH:
             raise YAMLLimitError(f"nested deeper than {MAX_DEPTH} levels")
         on_path.add(key)
+        if isinstance(node, yaml.MappingNode):
+            _check_unique_keys(node)
         stack.append((node, True))
         stack.extend((child, False) for child in _children(node) if id(child) not in sizes)
+
+
+def _check_unique_keys(node: yaml.MappingNode) -> None:
+    """A key given twice in one mapping is refused (YAML forbids it; PyYAML would keep the last silently, so
+    ``seed: 0`` ... ``seed: 5`` ran with 5)."""
+    seen: set[str] = set()
+    for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        if key_node.value in seen:
+            raise YAMLLimitError(f"line {key_node.start_mark.line + 1}: key {key_node.value!r} is given twice in "
+                                 "one mapping")
+        seen.add(key_node.value)
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:

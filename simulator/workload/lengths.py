@@ -49,8 +49,9 @@ class LognormalLength(Section):
     dist: Literal["lognormal"] = "lognormal"
     median: float = Field(gt=0, le=MAX_TOKENS)
     """Median value (tokens or turns): exp(mu) of the underlying normal."""
-    sigma: float = Field(ge=0)
-    """Standard deviation of log(value); larger means a longer tail, 0 makes every value the median."""
+    sigma: float = Field(ge=0, le=20)
+    """Standard deviation of log(value); larger means a longer tail, 0 makes every value the median (at most
+    20: past it nearly every value is clamped to min or max, and exp overflows)."""
     min: int = Field(default=1, ge=1)
     """Smallest value after rounding; 1 because a request needs at least one token."""
     max: int | None = Field(default=None, ge=1, le=MAX_TOKENS)

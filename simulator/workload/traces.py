@@ -50,7 +50,8 @@ class TraceRows:
     """One trace file as columns, in file order."""
 
     arrival_s: np.ndarray | None
-    """float64 seconds from the first row's timestamp; None when the format has no timestamps."""
+    """float64 seconds from the earliest row's timestamp (the first's in a sorted trace); None when the
+    format has no timestamps."""
     prompt_tokens: np.ndarray
     """int64 prompt lengths as written (may be 0: callers clamp)."""
     output_tokens: np.ndarray
@@ -209,10 +210,17 @@ def _read_azure(file: Path, max_rows: int | None) -> TraceRows:
         outputs.append(_parse_tokens(generated, file=file, line=line, column=columns[2]))
     _require_rows(file, prompts)
     return TraceRows(
-        arrival_s=np.asarray(times, dtype=np.float64),
+        arrival_s=_from_earliest(np.asarray(times, dtype=np.float64)),
         prompt_tokens=np.asarray(prompts, dtype=np.int64),
         output_tokens=np.asarray(outputs, dtype=np.int64),
     )
+
+
+def _from_earliest(times: np.ndarray) -> np.ndarray:
+    """Times from the earliest row's (the first's, in a sorted trace: unchanged then): a row stamped before
+    the first is replayed in its place (the replay sorts), not dropped as before the trace's start."""
+    earliest = float(times.min())
+    return times - earliest if earliest != 0.0 else times
 
 
 def _read_vidur(file: Path, max_rows: int | None) -> TraceRows:
@@ -298,9 +306,8 @@ def _read_mooncake(file: Path, max_rows: int | None) -> TraceRows:
             ids.extend(_json_hash_ids(row, file=file, line=line, input_length=prompt))
             offsets.append(len(ids))
     _require_rows(file, prompts)
-    arrival = np.asarray(times, dtype=np.float64)
     return TraceRows(
-        arrival_s=arrival - arrival[0],
+        arrival_s=_from_earliest(np.asarray(times, dtype=np.float64)),
         prompt_tokens=np.asarray(prompts, dtype=np.int64),
         output_tokens=np.asarray(outputs, dtype=np.int64),
         hash_id_values=np.asarray(ids, dtype=np.int64),

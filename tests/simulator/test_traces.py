@@ -191,6 +191,19 @@ def test_replay_time_scale_start_and_clamps(tmp_path: Path) -> None:
     assert clamped.prompt_tokens.max() == 110 and clamped.arrival_s[-1] < 50.0
 
 
+def test_rows_stamped_before_the_first_are_replayed_in_time_order_not_dropped(tmp_path: Path) -> None:
+    write_azure(tmp_path / "t.csv", [("2023-11-16 18:15:48.0", 374, 44), ("2023-11-16 18:15:46.0", 396, 109),
+                                     ("2023-11-16 18:15:47.0", 200, 7)])
+    azure = replay({"format": "azure", "path": "t.csv"}, base_dir=tmp_path)
+    np.testing.assert_array_equal(azure.arrival_s, [0.0, 1.0, 2.0])
+    np.testing.assert_array_equal(azure.prompt_tokens, [396, 200, 374])
+    write_mooncake(tmp_path / "m.jsonl", [{"timestamp": 10, "input_length": 20, "output_length": 3, "hash_ids": [1]},
+                                          {"timestamp": 0, "input_length": 30, "output_length": 4, "hash_ids": [2]}])
+    mooncake = replay({"format": "mooncake", "path": "m.jsonl"}, base_dir=tmp_path)
+    np.testing.assert_array_equal(mooncake.arrival_s, [0.0, 0.01])
+    np.testing.assert_array_equal(mooncake.prompt_tokens, [30, 20])
+
+
 def test_replay_rate_gives_the_asked_mean_rate(tmp_path: Path) -> None:
     write_azure(tmp_path / "t.csv", azure_rows(300))
     workload = replay({"format": "azure", "path": "t.csv", "rate_rps": 7.0}, base_dir=tmp_path)

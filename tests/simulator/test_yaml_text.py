@@ -69,7 +69,20 @@ def test_same_values_as_pyyaml(value: Any) -> None:
     assert yaml_text.safe_load(text) == yaml.safe_load(text)
 
 
-@pytest.mark.parametrize("content", [billion_laughs().encode(), b"\xff\xfe\x00binary\x00", b"a: &a [*a]\n"])
+@pytest.mark.parametrize("text", ["seed: 0\nname: x\nseed: 5\n", "a:\n  b: 1\n  b: 2\n", "- {x: 1, x: 1}\n"])
+def test_a_key_given_twice_in_one_mapping_is_refused_naming_its_line(text: str) -> None:
+    with pytest.raises(yaml_text.YAMLLimitError, match="given twice") as info:
+        yaml_text.safe_load(text)
+    assert "line " in str(info.value)
+
+
+def test_merge_keys_and_one_key_in_different_mappings_still_load() -> None:
+    text = "base: &b {x: 1}\nfirst: {<<: *b, y: 2}\nsecond: {<<: *b, y: 3}\n"
+    assert yaml_text.safe_load(text) == yaml.safe_load(text)
+
+
+@pytest.mark.parametrize("content", [billion_laughs().encode(), b"\xff\xfe\x00binary\x00", b"a: &a [*a]\n",
+                                     b"schema_version: 1\nseed: 0\nseed: 5\n"])
 def test_hostile_scenario_files_are_one_line(content: bytes, tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "hostile.yaml"
