@@ -500,7 +500,10 @@ class Scheduler:
         n = len(running)
         if not n or n > cfg.max_num_batched_tokens:
             return 0
-        if self.waiting and n < cfg.max_num_seqs and not self._admission_blocked():
+        # A seat free and requests waiting: blocked now (else no run), but the decision that leaves out the
+        # requests whose last token is in flight has their tokens of budget to spare, and may admit the head.
+        waits_for_budget = bool(self.waiting) and n < cfg.max_num_seqs
+        if waits_for_budget and not self._admission_blocked():
             return 0
         steps = 1 << 30
         for request in running:
@@ -517,9 +520,11 @@ class Scheduler:
         # A run through the step sampling the first last tokens: its steps decisions (the queued step holds
         # its blocks already) schedule every request but those in the last (fewer blocks than counted here),
         # and the step after it is handed back queued, behind the finished requests.
-        if n * -(-steps // self.block_size) <= free or self._blocks_for_steps(steps) <= free:
+        if not waits_for_budget and (n * -(-steps // self.block_size) <= free
+                                     or self._blocks_for_steps(steps) <= free):
             return steps + 1
-        # Else a run up to it, handing it back in flight: steps - 1 more decodes.
+        # Else a run up to it, handing it back in flight: steps - 1 more decodes (that decision is then the
+        # scheduler's own, which admits what it can).
         decisions = steps - 1
         if n * -(-decisions // self.block_size) <= free or self._blocks_for_steps(decisions) <= free:
             return steps

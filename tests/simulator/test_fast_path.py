@@ -46,6 +46,12 @@ CASES = {
                                   "workload.prompt_tokens.min=2049", "workload.prompt_tokens.max=2049",
                                   "workload.arrival.rate_rps=10"],
     "async": ["engine.async_scheduling=true"],
+    # The token budget, not the seats, full of decodes: the decision that leaves out a finishing request has
+    # its token to spare and admits the head of the queue.
+    "async-budget-full": ["engine.async_scheduling=true", "engine.max_num_batched_tokens=2", "fleet.replicas=1",
+                          "workload.prompt_tokens.median=1", "workload.prompt_tokens.max=1",
+                          "workload.output_tokens.median=50", "workload.output_tokens.sigma=0.3",
+                          "workload.arrival.rate_rps=37", "workload.num_requests=40"],
     "async-overload-preemption": ["engine.async_scheduling=true", "engine.kv.num_blocks=600", "engine.max_num_seqs=24",
                                   "workload.arrival.rate_rps=120", "router.policy=least_kv"],
     "async-no-cache": ["engine.async_scheduling=true", "engine.prefix_caching=false"],
