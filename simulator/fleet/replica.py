@@ -243,6 +243,13 @@ class Replica:
         if self.loads is not None:
             self.loads.set(self.replica_id, len(self.scheduler.requests))
 
+    def _offers_pending(self) -> bool:
+        """A decode worker with offers waiting for blocks: they are retried after every step (``on_step_ended``),
+        and a retry can succeed mid-run (a request whose KV landed indexed blocks the next offer's prompt
+        hits, so it needs fewer), so its steps go one by one until none waits."""
+        receiver = self.scheduler.receiver
+        return receiver is not None and bool(receiver.pending)
+
     def _on_wake(self, event: object) -> None:
         self._next()
 
@@ -255,7 +262,7 @@ class Replica:
         if not scheduler.has_work:
             self._idle = True
             return
-        if self.fast_path:
+        if self.fast_path and not self._offers_pending():
             num_steps = scheduler.steady_decode_steps()
             if num_steps >= 2:
                 # A decode run: ``num_steps`` identical decode steps in one event, cut short by an
@@ -332,7 +339,7 @@ class Replica:
         scheduler = self.scheduler
         plan = self._queued
         self._queued = None
-        if plan is not None and self.fast_path:
+        if plan is not None and self.fast_path and not self._offers_pending():
             # A run may begin with a step holding prompts (the usual one after an arrival) where nothing but
             # the core decides what happens at its end: not with KV tiers (its loads), speculation (its
             # acceptance) or disaggregation (its prompts leave, or offers retry, after every step).
@@ -562,7 +569,8 @@ class Replica:
         """An async decode run ended: its last decision's step is the queued one, which starts now as in
         ``_next_async`` (another run behind it, when it is a decode of the whole batch: a run that finished
         requests at its last step goes on with the rest without a step of its own)."""
-        num_steps = self.scheduler.steady_async_batch()  # what ``_next_async`` asks of that step, unbuilt
+        # What ``_next_async`` asks of that step, unbuilt.
+        num_steps = 0 if self._offers_pending() else self.scheduler.steady_async_batch()
         if num_steps:
             self._start_run(num_steps - 1)
             return

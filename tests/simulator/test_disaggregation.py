@@ -209,6 +209,24 @@ def test_fast_path_matches_step_by_step(case: str) -> None:
     assert _close(fleet_fast.to_dict(), fleet_slow.to_dict())
 
 
+def test_fast_path_matches_step_by_step_while_offers_wait_for_decode_blocks() -> None:
+    """A decode pool so small that offers wait for blocks. The step-by-step path retries them after every
+    step, and a retry succeeds once a request whose KV landed has indexed the system prompt the next offer
+    hits (it then needs fewer blocks): a decode run must not skip those retries (the offer was reserved a
+    run later, and started late)."""
+    raw = {"schema_version": 1, "name": "offers-waiting",
+           "workload": {"arrival": {"process": "constant", "rate_rps": 53.0},
+                        "prompt_tokens": {"dist": "lognormal", "median": 293.0, "sigma": 1.0},
+                        "output_tokens": {"dist": "uniform", "low": 1, "high": 21}, "num_requests": 13,
+                        "system_prompts": {"num_prompts": 2, "tokens": 64}},
+           "fleet": {"pools": {"prefill": {"role": "prefill", "replicas": 1},
+                               "decode": {"role": "decode", "replicas": 1, "engine": {"kv": {"num_blocks": 32}}}}}}
+    columns = {fast: simulate(raw, f"simulation.fast_path={str(fast).lower()}").requests.columns()
+               for fast in (False, True)}
+    for name, values in columns[False].items():
+        np.testing.assert_allclose(columns[True][name], values, rtol=1e-9, atol=1e-9, err_msg=name)
+
+
 def _close(a: Any, b: Any) -> bool:
     """Equal, floats to 1e-6 (busy time and KV use are summed per step or per run: the last bits differ)."""
     if isinstance(a, dict):
