@@ -15,7 +15,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from simulator.errors import ConfigError
 from simulator.worker_pool import WorkerDied
@@ -82,13 +82,21 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with a usage error in one line, as every other error: the message and where the
+    usage is (argparse printed the whole usage block first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
+
+
 def build_parser(argv: Sequence[str] | None = None,
                  plugins: Sequence[Callable[[Any], None]] = ()) -> argparse.ArgumentParser:
     """The parser for ``argv`` (None: the process's arguments): when it names one of the simulator's own
     commands, only that command family's; otherwise every command, the installed plugins' too, and
     ``plugins``' (``register`` functions of command families a checkout that was never installed has no
     entry point for: ``python -m calibration``)."""
-    parser = argparse.ArgumentParser(prog="fleetsim", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = _Parser(prog="fleetsim", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
     args = list(sys.argv[1:] if argv is None else argv)

@@ -310,6 +310,16 @@ def test_unknown_subcommand_is_a_usage_error(capsys: pytest.CaptureFixture[str])
     assert "Traceback" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["run"], ["run", "scenarios/quickstart.yaml", "--bogus"],
+                                  ["plan", "scenarios/quickstart.yaml", "--objective", "bogus"]])
+def test_a_usage_error_is_one_line_pointing_at_help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("fleetsim") and ": error: " in err and "--help" in err, err
+
+
 @pytest.mark.parametrize("name", ["../../escaped", "/tmp/absolute", "sub/dir", ".hidden", "new\nline"])
 def test_a_scenario_name_that_is_a_path_is_refused_before_anything_is_written(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
