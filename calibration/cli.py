@@ -136,6 +136,15 @@ def _command_line() -> str:
     return "fleetsim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
+def _validation_out(args: argparse.Namespace) -> Path:
+    """``validate``'s folder, checked before anything runs: ``--out`` (refused when it holds files, unless
+    ``--overwrite``), else a fresh runs/validate, runs/validate-2, ... (an earlier validation is never
+    written over)."""
+    from simulator.cli.output import checked_out_dir, fresh_out_dir
+
+    return checked_out_dir(Path(args.out), args.overwrite) if args.out else fresh_out_dir("validate")
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     if args.endpoint is not None:
         return cmd_validate_endpoint(args)
@@ -149,7 +158,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         mode=args.mode, threads=args.threads, seed=args.seed, device=args.device, repeat_realtime=args.repeat,
     )
-    report = validate(options, out_dir=Path(args.out), progress=not args.quiet)
+    report = validate(options, out_dir=_validation_out(args), progress=not args.quiet)
     print_report(report)
     return 0
 
@@ -166,10 +175,7 @@ def cmd_validate_endpoint(args: argparse.Namespace) -> int:
                           field="scenario")
     overrides = (f"fleet.profile={args.profile}",)
     loaded = load_bench_workload(args, scenario=args.scenario, trace=None, overrides=overrides)
-    from simulator.results.run_folder import check_writable
-
-    out = Path(args.out)
-    check_writable(out, overwrite=args.overwrite)
+    out = _validation_out(args)
     print_validation(validate_endpoint(loaded, bench_options(args), out=out, repeat=args.repeat,
                                        overwrite=args.overwrite))
     return 0
@@ -243,7 +249,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the replayed workload")
     p.add_argument("--repeat", action="store_true",
                    help="replay the real-time run twice: the engine against itself is the host's noise floor")
-    p.add_argument("--out", default="runs/validate", help="folder for fidelity.json and the CDF plot")
+    p.add_argument("--out", default=None,
+                   help="folder for fidelity.json and the CDF plot (default runs/validate, never an existing one)")
+    p.add_argument("--overwrite", action="store_true", help="write into an existing non-empty --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     live = p.add_argument_group("against a live server (--endpoint): bench it, simulate the same requests")
     live.add_argument("--endpoint", default=None, help="OpenAI-compatible server base URL (fleetsim serve, vLLM...)")
@@ -256,7 +264,6 @@ def register(subparsers: Any) -> None:
     live.add_argument("--no-ignore-eos", action="store_true", help="let the server stop at EOS")
     live.add_argument("--sample-interval", type=float, default=1.0,
                       help="seconds between samples of the server's /metrics (1)")
-    live.add_argument("--overwrite", action="store_true", help="write into an existing non-empty --out")
     p.set_defaults(func=cmd_validate)
 
     register_serve(subparsers)

@@ -100,3 +100,15 @@ def test_python_m_calibration_runs_the_commands_from_a_checkout(capsys: pytest.C
                          capture_output=True, text=True, timeout=120, check=False)
     assert ran.returncode == EXIT_USAGE
     assert ran.stderr.count("\n") == 1 and "no-such-profile" in ran.stderr
+
+
+def test_validate_refuses_an_out_folder_holding_files_before_replaying(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("precious\n")
+    assert main(["validate", "--profile", "cpu-small-tp1-measured", "--out", str(out), "--quiet"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--overwrite" in err, err
+    assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "precious\n"
