@@ -297,7 +297,7 @@ class DynamicFleet:
     def _lose(self, slot: Slot) -> None:
         """Empty a crashed replica through the core's abort (its KV freed there) and halt it."""
         replica = slot.replica
-        replica.sync()  # steps that ended before the crash happened
+        replica.sync_before_crash()  # steps that ended before the crash happened, the last one sampled
         scheduler = replica.scheduler
         lost = [request.spec for request in scheduler.requests.values()]
         first_token = self.log.first_token_s

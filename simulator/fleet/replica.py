@@ -156,6 +156,21 @@ class Replica:
             else:
                 active.advance(now)
 
+    def sync_before_crash(self) -> None:
+        """``sync`` for a replica that crashes now, its series left as the step-by-step path leaves it: that
+        path sampled the last step to end as it ended, while a decode run samples a step only when a later
+        grid point needs it, reckoning with later steps' ends, which now never come."""
+        active = self._run_state
+        if active is None or self.clock.now() >= active.settle_s:
+            self.sync()  # (a settled run is closed, its last step sampled)
+            return
+        ended = active.ends.ended_by(self.clock.now())
+        if ended > active.run.num_steps:
+            ended = active.run.num_steps
+        if ended > active.num_sampled:
+            active.sample_through(ended)
+        self.sync()
+
     # ----- work ------------------------------------------------------------------------------------
 
     def submit(self, spec: RequestSpec) -> None:
@@ -680,6 +695,14 @@ class _ActiveRun:
         finished = self.run.finish()
         self._sample(last)
         return finished
+
+    def sample_through(self, last: int) -> None:
+        """Steps up to ``last`` applied, sampled as grid points need them, and step ``last`` sampled whatever
+        comes after it (``Replica.sync_before_crash``)."""
+        self._sample_until(last)
+        if last > self.num_sampled:
+            self.run.advance_to(last)
+            self._sample(last)
 
     def _sample_until(self, last: int) -> None:
         """Sample steps up to ``last`` — only those whose state a grid point will record: a step is
