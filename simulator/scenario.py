@@ -296,6 +296,15 @@ class Scenario(_Section):
                 and (self.slo is None or (self.slo.ttft_ms is None and self.slo.tpot_ms is None)):
             raise ValueError("the slo autoscaler needs a TTFT or TPOT target: set autoscaling.ttft_target_ms or "
                              "autoscaling.tpot_target_ms, or slo.ttft_ms or slo.tpot_ms")
+        failures = self.failures
+        if failures is not None and failures.mtbf_h is not None and self.simulation.horizon_s is None:
+            lifecycle = self.lifecycle if self.lifecycle is not None else LifecycleConfig()
+            starting_s = lifecycle.provision_s + lifecycle.warmup_s  # a cold start's least, without the load stage
+            if failures.mtbf_h * 3600.0 < starting_s:
+                raise ValueError(
+                    f"failures.mtbf_h: replicas fail every {failures.mtbf_h * 3600.0:.3g} s on average, sooner than "
+                    f"one starts (at least {starting_s:.3g} s): most replacements never get ready and a run without "
+                    "a horizon may not end; set simulation.horizon_s, or a longer mtbf_h")
         return self
 
     @field_validator("name")

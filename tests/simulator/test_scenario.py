@@ -325,3 +325,12 @@ def test_a_variant_with_keys_that_cannot_nest_is_one_config_error(override: dict
     with pytest.raises(ConfigError) as refused:
         load_mapping(raw)
     assert "variants.a" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_replicas_that_fail_faster_than_they_start_need_a_horizon(tmp_path: Path) -> None:
+    """A replica failing every 11 s on average while a replacement takes at least 80 s to start: most never
+    get ready, and without a horizon the run might never end (the fuzz's 120 s timeouts)."""
+    error = load_error(tmp_path, with_({"failures": {"mtbf_h": 0.003}}))
+    assert "mtbf_h" in str(error) and "horizon" in error.message
+    load_scenario(write(tmp_path, with_({"failures": {"mtbf_h": 0.003}, "simulation.horizon_s": 60})))
+    load_scenario(write(tmp_path, with_({"failures": {"mtbf_h": 0.05}})))  # 180 s: replacements get ready
