@@ -502,8 +502,8 @@ class Scheduler:
             return 0
         # A seat free and requests waiting: blocked now (else no run), but the decision that leaves out the
         # requests whose last token is in flight has their tokens of budget to spare, and may admit the head.
-        waits_for_budget = bool(self.waiting) and n < cfg.max_num_seqs
-        if waits_for_budget and not self._admission_blocked():
+        head_may_join = bool(self.waiting) and n < cfg.max_num_seqs
+        if head_may_join and not self._admission_blocked():
             return 0
         steps = 1 << 30
         for request in running:
@@ -520,7 +520,7 @@ class Scheduler:
         # A run through the step sampling the first last tokens: its steps decisions (the queued step holds
         # its blocks already) schedule every request but those in the last (fewer blocks than counted here),
         # and the step after it is handed back queued, behind the finished requests.
-        if not waits_for_budget and (n * -(-steps // self.block_size) <= free
+        if not head_may_join and (n * -(-steps // self.block_size) <= free
                                      or self._blocks_for_steps(steps) <= free):
             return steps + 1
         # Else a run up to it, handing it back in flight: steps - 1 more decodes (that decision is then the
