@@ -513,6 +513,8 @@ class Replica:
         active.run.set_counters(ended)
         active.withdraw_first_tokens(end_s)
         if ended > 0:
+            if ended >= 2 or ended < active.run.num_steps:  # a step ended with the whole batch running
+                active._note_peak(active.run.batch)
             self.num_steps += ended
             self.num_fast_steps += ended
             self.busy_s += ends.end(ended) - ends.start
@@ -692,9 +694,20 @@ class _ActiveRun:
         last = self.run.num_steps
         self.advance(self.ends.end(last))
         self._sample_until(last - 1)
+        batch = self.run.batch
         finished = self.run.finish()
+        if last >= 2 or not finished:
+            self._note_peak(batch)
         self._sample(last)
         return finished
+
+    def _note_peak(self, batch: int) -> None:
+        """The series' peak of requests running after a step: a step of the run ended with its whole batch
+        running (only its last step finishes requests), which the step-by-step path sampled; the run samples
+        only the steps grid points need."""
+        series = self.replica.series
+        if batch > series.peak_running:
+            series.peak_running = batch
 
     def sample_through(self, last: int) -> None:
         """Steps up to ``last`` applied, sampled as grid points need them, and step ``last`` sampled whatever

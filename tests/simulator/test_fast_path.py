@@ -148,3 +148,28 @@ def test_a_replica_that_crashes_mid_run_leaves_the_series_of_the_step_by_step_pa
     for slow_series, fast_series in zip(results[False].series, results[True].series, strict=True):
         for column, values in slow_series.columns().items():
             np.testing.assert_allclose(fast_series.columns()[column], values, rtol=1e-9, err_msg=column)
+
+
+def test_the_peak_of_running_requests_counts_steps_a_run_did_not_sample() -> None:
+    """A decode worker whose batch of 1 lives inside decode runs that no grid point samples (every step but
+    the last ends with the whole batch running, which the step-by-step path samples; the run samples only
+    the steps grid points need): the summary's ``running_peak`` is the same on both paths (it was 0 here)."""
+    raw: dict[str, Any] = {
+        "schema_version": 1, "name": "peak", "seed": 755613590,
+        "workload": {"arrival": {"process": "constant", "rate_rps": 51.49},
+                     "prompt_tokens": {"dist": "uniform", "low": 89, "high": 228},
+                     "output_tokens": {"dist": "lognormal", "median": 2.18, "sigma": 0.604, "max": 10, "min": 1},
+                     "num_requests": 12,
+                     "system_prompts": {"num_prompts": 1, "tokens": 1042, "zipf_exponent": 1.65}},
+        "fleet": {"hardware": "H200", "model": "llama-3-8b", "tp": 1, "profile": "h200-llama-3-8b-tp1-analytic",
+                  "pools": {"prefill": {"role": "prefill", "replicas": 3},
+                            "decode": {"role": "decode", "replicas": 1}}},
+        "engine": {"preset": "tgi", "max_num_batched_tokens": 2048, "prefix_caching": False,
+                   "kv": {"preemption": "swap"}},
+        "router": {"policy": "random"},
+        "simulation": {"sample_interval_s": 0.1},
+        "disaggregation": {"link": {"preset": "ib_ndr", "bandwidth_gb_s": 168.32}, "transfer": "after_prefill"},
+    }
+    peaks = [run(load_mapping(raw, [f"simulation.fast_path={fast}"])).variants["base"].summary.running_peak
+             for fast in ("false", "true")]
+    assert peaks[0] >= 1 and peaks[1] == peaks[0]
