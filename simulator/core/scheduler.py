@@ -418,7 +418,7 @@ class Scheduler:
                 or cfg.speculation is not None):
             return 0  # speculation: tokens per step vary with acceptance, so every step goes one by one
         if (self.waiting and cfg.batching is not Batching.STATIC and len(running) < cfg.max_num_seqs
-                and not self._admission_blocked()):
+                and not self._admission_blocked()) or self._offers_waiting():
             return 0
         steps = 1 << 30
         for request in running:
@@ -503,7 +503,7 @@ class Scheduler:
         # A seat free and requests waiting: blocked now (else no run), but the decision that leaves out the
         # requests whose last token is in flight has their tokens of budget to spare, and may admit the head.
         head_may_join = bool(self.waiting) and n < cfg.max_num_seqs
-        if head_may_join and not self._admission_blocked():
+        if (head_may_join and not self._admission_blocked()) or self._offers_waiting():
             return 0
         steps = 1 << 30
         for request in running:
@@ -536,6 +536,13 @@ class Scheduler:
             else:
                 high = mid - 1
         return low + 1 if low >= 2 else 0
+
+    def _offers_waiting(self) -> bool:
+        """A decode worker with offers waiting for blocks: they are retried after every step, and a retry can
+        succeed mid-run (a request whose KV landed indexed blocks the next offer's prompt hits, so it needs
+        fewer), so no run starts until none waits."""
+        receiver = self.receiver
+        return receiver is not None and bool(receiver.pending)
 
     def _blocks_for_steps(self, steps: int) -> int:
         bs = self.block_size

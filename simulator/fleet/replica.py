@@ -258,13 +258,6 @@ class Replica:
         if self.loads is not None:
             self.loads.set(self.replica_id, len(self.scheduler.requests))
 
-    def _offers_pending(self) -> bool:
-        """A decode worker with offers waiting for blocks: they are retried after every step (``on_step_ended``),
-        and a retry can succeed mid-run (a request whose KV landed indexed blocks the next offer's prompt
-        hits, so it needs fewer), so its steps go one by one until none waits."""
-        receiver = self.scheduler.receiver
-        return receiver is not None and bool(receiver.pending)
-
     def _on_wake(self, event: object) -> None:
         self._next()
 
@@ -277,7 +270,7 @@ class Replica:
         if not scheduler.has_work:
             self._idle = True
             return
-        if self.fast_path and not self._offers_pending():
+        if self.fast_path:
             num_steps = scheduler.steady_decode_steps()
             if num_steps >= 2:
                 # A decode run: ``num_steps`` identical decode steps in one event, cut short by an
@@ -354,7 +347,7 @@ class Replica:
         scheduler = self.scheduler
         plan = self._queued
         self._queued = None
-        if plan is not None and self.fast_path and not self._offers_pending():
+        if plan is not None and self.fast_path:
             # A run may begin with a step holding prompts (the usual one after an arrival) where nothing but
             # the core decides what happens at its end: not with KV tiers (its loads), speculation (its
             # acceptance) or disaggregation (its prompts leave, or offers retry, after every step).
@@ -514,7 +507,7 @@ class Replica:
         active.withdraw_first_tokens(end_s)
         if ended > 0:
             if ended >= 2 or ended < active.run.num_steps:  # a step ended with the whole batch running
-                active._note_peak(active.run.batch)
+                active.note_peak(active.run.batch)
             self.num_steps += ended
             self.num_fast_steps += ended
             self.busy_s += ends.end(ended) - ends.start
@@ -586,8 +579,7 @@ class Replica:
         """An async decode run ended: its last decision's step is the queued one, which starts now as in
         ``_next_async`` (another run behind it, when it is a decode of the whole batch: a run that finished
         requests at its last step goes on with the rest without a step of its own)."""
-        # What ``_next_async`` asks of that step, unbuilt.
-        num_steps = 0 if self._offers_pending() else self.scheduler.steady_async_batch()
+        num_steps = self.scheduler.steady_async_batch()  # what ``_next_async`` asks of that step, unbuilt
         if num_steps:
             self._start_run(num_steps - 1)
             return
@@ -697,11 +689,11 @@ class _ActiveRun:
         batch = self.run.batch
         finished = self.run.finish()
         if last >= 2 or not finished:
-            self._note_peak(batch)
+            self.note_peak(batch)
         self._sample(last)
         return finished
 
-    def _note_peak(self, batch: int) -> None:
+    def note_peak(self, batch: int) -> None:
         """The series' peak of requests running after a step: a step of the run ended with its whole batch
         running (only its last step finishes requests), which the step-by-step path sampled; the run samples
         only the steps grid points need."""
