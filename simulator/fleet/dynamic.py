@@ -152,6 +152,7 @@ class DynamicFleet:
         replica = Replica(self.env, index, base.scheduler, base.cost, self.log, series,
                           network_latency_s=base.network_latency_s, fast_path=base.fast_path, loads=self.levels)
         series.kv_probe = _kv_probe(replica)
+        replica.may_crash = self.setup.failures is not None
         node = self._place()
         slot = Slot(replica=replica, node=node, state=SlotState.PROVISIONING, started_s=now)
         self._nodes.setdefault(node, []).append(slot)

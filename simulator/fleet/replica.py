@@ -89,6 +89,10 @@ class Replica:
         self.on_step_ended: Callable[[Replica], None] | None = None
         """A decode worker's fleet: called after every step or decode run (blocks or slots may have freed,
         so offers waiting for a reservation can be retried)."""
+        self.may_crash = False
+        """A failure may halt this replica at any time (``fleet.failures``; set by the fleet that crashes it):
+        its decode runs keep the state each unsampled step ended with while the next one is applied, which
+        ``sync_before_crash`` samples if that next step never ends."""
         self._cut_possible = config.batching is not Batching.STATIC
         self._max_num_seqs = config.max_num_seqs
         self._idle = True
@@ -598,8 +602,8 @@ class _ActiveRun:
     the series when it ends, so a step is applied once its start has passed and sampled at its end.
     """
 
-    __slots__ = ("cut", "cut_on_arrival", "end_at", "ends", "first_tokens", "num_sampled", "replica", "run",
-                 "settle_s", "start")
+    __slots__ = ("cut", "cut_on_arrival", "end_at", "ends", "first_tokens", "held", "held_step", "keep_ended",
+                 "num_sampled", "replica", "run", "settle_s", "start")
 
     def __init__(self, replica: Replica, run: DecodeRun) -> None:
         self.replica = replica
@@ -615,12 +619,20 @@ class _ActiveRun:
         """A cut with a tail: the run's (new) last step's end, where its end work is due (``Replica._settle``)."""
         self.first_tokens: list[int] = []
         """Requests whose first token the run's first step samples, logged when it began (for its end)."""
+        self.keep_ended = False
+        """``Replica.may_crash``: keep the state of an unsampled step as the step after it is applied."""
+        self.held_step = 0
+        self.held: tuple[int, int, int, int, int, int] = (0, 0, 0, 0, 0, 0)
+        """The state (``_sample``'s figures) step ``held_step`` of the run ended with, kept as step
+        ``held_step + 1`` was applied (its KV allocated as it started) while ``held_step`` was not sampled."""
 
     def restart(self, cut_on_arrival: bool) -> None:
         """Track a new run of ``run`` (restarted by the caller; ``ends`` is reset after this)."""
         self.cut_on_arrival = cut_on_arrival
         self.cut = False
         self.num_sampled = 0
+        self.keep_ended = self.replica.may_crash
+        self.held_step = 0
         self.settle_s = _NO_TAIL
         if self.first_tokens:
             self.first_tokens.clear()
@@ -678,6 +690,12 @@ class _ActiveRun:
         started = 1 + self.ends.ended_by(now)  # step 1 starts at the run's start
         target = run.num_steps if started > run.num_steps else started
         self._sample_until(target - 1)
+        if self.keep_ended and target > run.num_done and target - 1 > self.num_sampled:
+            # A step left unsampled (a later one will be sampled for the grid points) while the next one
+            # starts: if that one never ends (a crash), the step-by-step path's last sample is this state.
+            run.advance_to(target - 1)
+            self.held_step = target - 1
+            self.held = self._state()
         run.advance_to(target)
 
     def close(self) -> list[Request]:
@@ -703,11 +721,20 @@ class _ActiveRun:
 
     def sample_through(self, last: int) -> None:
         """Steps up to ``last`` applied, sampled as grid points need them, and step ``last`` sampled whatever
-        comes after it (``Replica.sync_before_crash``)."""
+        comes after it (``Replica.sync_before_crash``), with the state it ended with: kept (``held``) if
+        the step after it has been applied since."""
         self._sample_until(last)
-        if last > self.num_sampled:
-            self.run.advance_to(last)
-            self._sample(last)
+        if last <= self.num_sampled:
+            return
+        if self.run.num_done > last:
+            if self.held_step != last:
+                raise RuntimeError(f"decode run: step {last} ended unsampled and its state was not kept")
+            running, waiting, used, total, hits, lookups = self.held
+            self.replica.series.maybe_sample(self.ends.end(last), running, waiting, used, total, hits, lookups)
+            self.num_sampled = last
+            return
+        self.run.advance_to(last)
+        self._sample(last)
 
     def _sample_until(self, last: int) -> None:
         """Sample steps up to ``last`` — only those whose state a grid point will record: a step is
@@ -728,6 +755,14 @@ class _ActiveRun:
                 return
             self.run.advance_to(j)
             self._sample(j)
+
+    def _state(self) -> tuple[int, int, int, int, int, int]:
+        """The replica's figures a sample records (``_sample``)."""
+        scheduler = self.replica.scheduler
+        kv = scheduler.kv
+        pool = kv.pool
+        return (len(scheduler.running), scheduler.num_waiting, pool.num_used, pool.num_blocks, kv.num_hit_tokens,
+                kv.num_lookup_tokens)
 
     def _sample(self, j: int) -> None:
         series = self.replica.series
