@@ -119,3 +119,23 @@ def test_finished_fleets_are_freed_in_a_long_lived_process() -> None:
         gc.collect(1)
     # routing.yaml: four variants of four replicas. Left to a full pass, three runs would leave 48.
     assert live_kv_managers() - before <= 16
+
+
+ONE_COMMAND = (
+    "import gc\n"
+    "from simulator.collector import cycle_collector_paused, start_up\n"
+    "with start_up(freeze=True):\n"
+    "    pass\n"
+    "after_start_up = gc.get_freeze_count()\n"
+    "with cycle_collector_paused():\n"
+    "    made = [[i] for i in range(1000)]\n"
+    "print(gc.get_freeze_count() - after_start_up >= 1000, gc.isenabled())\n"
+)
+
+
+def test_a_one_command_process_freezes_what_the_event_loop_made() -> None:
+    """After ``start_up(freeze=True)`` (the CLI's own process), a paused block's objects are frozen as it
+    ends rather than left to a young pass over all of them (the process exits before their cycles matter);
+    an in-process command freezes nothing (above)."""
+    done = subprocess.run([sys.executable, "-c", ONE_COMMAND], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["True", "True"]
