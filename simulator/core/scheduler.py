@@ -331,9 +331,14 @@ class Scheduler:
             status = request.status
             if status is RequestStatus.FINISHED:
                 continue
+            running = status is RequestStatus.RUNNING
+            if not running and self.sender is not None:
+                # A prefill worker's request preempted while its first token was in flight: the KV the decode
+                # worker would read went with the preemption, so the token is dropped and the prompt computed
+                # again when it is readmitted (the request ends only holding its blocks for the transfer).
+                continue
             outputs = request.num_output_tokens + 1
             request.num_output_tokens = outputs
-            running = status is RequestStatus.RUNNING
             if running:  # ``_delivered`` spelled out (a call per row fewer, interpreted)
                 request.num_output_placeholders -= 1
                 if caching:
