@@ -602,8 +602,8 @@ class _ActiveRun:
     the series when it ends, so a step is applied once its start has passed and sampled at its end.
     """
 
-    __slots__ = ("cut", "cut_on_arrival", "end_at", "ends", "first_tokens", "held", "held_step", "keep_ended",
-                 "num_sampled", "replica", "run", "settle_s", "start")
+    __slots__ = ("cut", "cut_on_arrival", "end_at", "ends", "first_tokens", "held_step", "held_used",
+                 "held_waiting", "keep_ended", "num_sampled", "replica", "run", "settle_s", "start")
 
     def __init__(self, replica: Replica, run: DecodeRun) -> None:
         self.replica = replica
@@ -622,9 +622,12 @@ class _ActiveRun:
         self.keep_ended = False
         """``Replica.may_crash``: keep the state of an unsampled step as the step after it is applied."""
         self.held_step = 0
-        self.held: tuple[int, int, int, int, int, int] = (0, 0, 0, 0, 0, 0)
-        """The state (``_sample``'s figures) step ``held_step`` of the run ended with, kept as step
-        ``held_step + 1`` was applied (its KV allocated as it started) while ``held_step`` was not sampled."""
+        self.held_used = 0
+        self.held_waiting = 0
+        """The KV blocks in use and the requests waiting as step ``held_step`` of the run ended, kept as step
+        ``held_step + 1`` was applied (its KV allocated as it started, arrivals queued after it) while
+        ``held_step`` was not sampled. The other figures a sample records do not move inside a run: the
+        batch is the run's, and prompt tokens are counted only as steps with prompts are scheduled."""
 
     def restart(self, cut_on_arrival: bool) -> None:
         """Track a new run of ``run`` (restarted by the caller; ``ends`` is reset after this)."""
@@ -695,7 +698,8 @@ class _ActiveRun:
             # starts: if that one never ends (a crash), the step-by-step path's last sample is this state.
             run.advance_to(target - 1)
             self.held_step = target - 1
-            self.held = self._state()
+            self.held_used = self.replica.scheduler.kv.pool.num_used
+            self.held_waiting = self.replica.scheduler.num_waiting
         run.advance_to(target)
 
     def close(self) -> list[Request]:
@@ -721,7 +725,7 @@ class _ActiveRun:
 
     def sample_through(self, last: int) -> None:
         """Steps up to ``last`` applied, sampled as grid points need them, and step ``last`` sampled whatever
-        comes after it (``Replica.sync_before_crash``), with the state it ended with: kept (``held``) if
+        comes after it (``Replica.sync_before_crash``), with the state it ended with: kept (``held_*``) if
         the step after it has been applied since."""
         self._sample_until(last)
         if last <= self.num_sampled:
@@ -729,8 +733,11 @@ class _ActiveRun:
         if self.run.num_done > last:
             if self.held_step != last:
                 raise RuntimeError(f"decode run: step {last} ended unsampled and its state was not kept")
-            running, waiting, used, total, hits, lookups = self.held
-            self.replica.series.maybe_sample(self.ends.end(last), running, waiting, used, total, hits, lookups)
+            scheduler = self.replica.scheduler
+            kv = scheduler.kv
+            self.replica.series.maybe_sample(self.ends.end(last), len(scheduler.running), self.held_waiting,
+                                             self.held_used, kv.pool.num_blocks, kv.num_hit_tokens,
+                                             kv.num_lookup_tokens)
             self.num_sampled = last
             return
         self.run.advance_to(last)
@@ -755,14 +762,6 @@ class _ActiveRun:
                 return
             self.run.advance_to(j)
             self._sample(j)
-
-    def _state(self) -> tuple[int, int, int, int, int, int]:
-        """The replica's figures a sample records (``_sample``)."""
-        scheduler = self.replica.scheduler
-        kv = scheduler.kv
-        pool = kv.pool
-        return (len(scheduler.running), scheduler.num_waiting, pool.num_used, pool.num_blocks, kv.num_hit_tokens,
-                kv.num_lookup_tokens)
 
     def _sample(self, j: int) -> None:
         series = self.replica.series
