@@ -284,9 +284,12 @@ class Replica:
         plan = scheduler.schedule()
         if self.on_plan is not None:
             self.on_plan(plan)
-        if plan.is_empty:
+        if plan.is_empty and not plan.preempted_ids:
             # Work that cannot start (it waits on memory no running request will free): wait for the
-            # next arrival rather than spin. The core rejects requests that can never fit.
+            # next arrival rather than spin. The core rejects requests that can never fit. A plan that
+            # only preempted (the request short of a block was the one to go, which ends vLLM's pass over
+            # the running requests and skips the waiting ones) runs as an empty step, as the engine runs
+            # it: the next decision schedules the others.
             self._idle = True
             return
         self._start(plan)
@@ -368,8 +371,8 @@ class Replica:
             plan = scheduler.schedule()
             if self.on_plan is not None:
                 self.on_plan(plan)
-            if plan.is_empty:
-                self._idle = True  # work that cannot start: wait for the next arrival
+            if plan.is_empty and not plan.preempted_ids:
+                self._idle = True  # work that cannot start: wait for the next arrival (a preemption: see _next)
                 return
         self._start(plan)
         self._schedule_following()

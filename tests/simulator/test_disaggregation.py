@@ -338,3 +338,34 @@ def test_a_prefill_worker_drops_the_first_token_of_a_request_preempted_while_it_
     assert summary.requests_completed == summary.requests_arrived == 39
     assert summary.output_tokens == 39
     assert summary.to_dict() == results[False].summary.to_dict()
+
+
+def test_a_step_that_only_preempts_is_run_and_the_next_decision_schedules_the_others() -> None:
+    """A decode worker with a one-token budget under the priority policy: the running request short of a block
+    is the latest, so it preempts itself, which ends vLLM's pass over the running requests and skips the
+    waiting ones: the plan schedules nothing but did preempt. The engine runs that empty step and decides
+    again (scheduling the request left running); the replica used to go idle on it, waiting for an arrival
+    that never came, and the run ended with 7 requests in flight (a fuzzer's scenario). Both paths agree."""
+    raw = {"schema_version": 1, "name": "preempt-only-step", "seed": 530664994,
+           "workload": {"arrival": {"process": "constant", "rate_rps": 97.96},
+                        "prompt_tokens": {"dist": "uniform", "low": 392, "high": 1520},
+                        "output_tokens": {"dist": "uniform", "low": 63, "high": 542}, "num_requests": 23},
+           "fleet": {"replicas": 5, "hardware": "H200", "model": "qwen3-30b-a3b", "tp": 1,
+                     "profile": "h200-qwen3-30b-a3b-tp1-analytic",
+                     "pools": {"prefill": {"role": "prefill", "replicas": 2},
+                               "decode": {"role": "decode", "replicas": 3,
+                                          "engine": {"preset": "vllm", "max_num_seqs": 2,
+                                                     "max_num_batched_tokens": 1, "queue_policy": "priority",
+                                                     "kv": {"num_blocks": 1842}}}}},
+           "engine": {"preset": "vllm", "async_scheduling": False, "kv": {"block_size": 1, "preemption": "recompute"}},
+           "router": {"policy": "random", "refresh_s": 0.01}, "simulation": {"sample_interval_s": 5.0},
+           "disaggregation": {"link": {"preset": "ib_ndr", "bandwidth_gb_s": 353.3}, "transfer": "after_prefill",
+                              "prefill_router": "weighted_least_requests",
+                              "decode_router": "weighted_least_requests"}}
+    results = {fast: run(load_mapping(raw, [f"simulation.fast_path={str(fast).lower()}"]), check=True).variants["base"]
+               for fast in (False, True)}
+    summary = results[True].summary
+    assert summary.preemptions > 0
+    assert summary.requests_in_flight == 0
+    assert summary.requests_completed + summary.requests_rejected == summary.requests_arrived == 23
+    assert summary.to_dict() == results[False].summary.to_dict()
