@@ -152,6 +152,15 @@ class StepPlan:
         return not self.requests and not self.swapped_in and not self.swapped_out
 
     @property
+    def changes_nothing(self) -> bool:
+        """Empty and without preemptions: the scheduler stands as it was, so deciding again gives the same
+        plan until a request arrives or leaves (the replica then waits for one). A plan that only preempted
+        (the running request short of a block was the one to go, which ends vLLM's pass over the running
+        requests and skips the waiting ones) is a step, as the engine runs it: the next decision schedules
+        the others."""
+        return self.is_empty and not self.preempted_ids
+
+    @property
     def shape(self) -> StepShape:
         if self._shape is None:
             self._shape = compute_shape(self)

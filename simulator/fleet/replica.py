@@ -284,12 +284,9 @@ class Replica:
         plan = scheduler.schedule()
         if self.on_plan is not None:
             self.on_plan(plan)
-        if plan.is_empty and not plan.preempted_ids:
+        if plan.changes_nothing:
             # Work that cannot start (it waits on memory no running request will free): wait for the
-            # next arrival rather than spin. The core rejects requests that can never fit. A plan that
-            # only preempted (the request short of a block was the one to go, which ends vLLM's pass over
-            # the running requests and skips the waiting ones) runs as an empty step, as the engine runs
-            # it: the next decision schedules the others.
+            # next arrival rather than spin. The core rejects requests that can never fit.
             self._idle = True
             return
         self._start(plan)
@@ -371,8 +368,8 @@ class Replica:
             plan = scheduler.schedule()
             if self.on_plan is not None:
                 self.on_plan(plan)
-            if plan.is_empty and not plan.preempted_ids:
-                self._idle = True  # work that cannot start: wait for the next arrival (a preemption: see _next)
+            if plan.changes_nothing:
+                self._idle = True  # work that cannot start: wait for the next arrival
                 return
         self._start(plan)
         self._schedule_following()
@@ -606,7 +603,7 @@ class _ActiveRun:
     """
 
     __slots__ = ("cut", "cut_on_arrival", "end_at", "ends", "first_tokens", "held_step", "held_used",
-                 "held_waiting", "keep_ended", "num_sampled", "replica", "run", "settle_s", "start")
+                 "held_waiting", "num_sampled", "replica", "run", "settle_s", "start")
 
     def __init__(self, replica: Replica, run: DecodeRun) -> None:
         self.replica = replica
@@ -622,22 +619,18 @@ class _ActiveRun:
         """A cut with a tail: the run's (new) last step's end, where its end work is due (``Replica._settle``)."""
         self.first_tokens: list[int] = []
         """Requests whose first token the run's first step samples, logged when it began (for its end)."""
-        self.keep_ended = False
-        """``Replica.may_crash``: keep the state of an unsampled step as the step after it is applied."""
         self.held_step = 0
         self.held_used = 0
         self.held_waiting = 0
         """The KV blocks in use and the requests waiting as step ``held_step`` of the run ended, kept as step
         ``held_step + 1`` was applied (its KV allocated as it started, arrivals queued after it) while
-        ``held_step`` was not sampled. The other figures a sample records do not move inside a run: the
-        batch is the run's, and prompt tokens are counted only as steps with prompts are scheduled."""
+        ``held_step`` was not sampled (the other figures a sample records do not move inside a run: ``_record``)."""
 
     def restart(self, cut_on_arrival: bool) -> None:
         """Track a new run of ``run`` (restarted by the caller; ``ends`` is reset after this)."""
         self.cut_on_arrival = cut_on_arrival
         self.cut = False
         self.num_sampled = 0
-        self.keep_ended = self.replica.may_crash
         self.held_step = 0
         self.settle_s = _NO_TAIL
         if self.first_tokens:
@@ -696,7 +689,7 @@ class _ActiveRun:
         started = 1 + self.ends.ended_by(now)  # step 1 starts at the run's start
         target = run.num_steps if started > run.num_steps else started
         self._sample_until(target - 1)
-        if self.keep_ended and target > run.num_done and target - 1 > self.num_sampled:
+        if self.replica.may_crash and target > run.num_done and target - 1 > self.num_sampled:
             # A step left unsampled (a later one will be sampled for the grid points) while the next one
             # starts: if that one never ends (a crash), the step-by-step path's last sample is this state.
             run.advance_to(target - 1)
@@ -736,12 +729,7 @@ class _ActiveRun:
         if self.run.num_done > last:
             if self.held_step != last:
                 raise RuntimeError(f"decode run: step {last} ended unsampled and its state was not kept")
-            scheduler = self.replica.scheduler
-            kv = scheduler.kv
-            self.replica.series.maybe_sample(self.ends.end(last), len(scheduler.running), self.held_waiting,
-                                             self.held_used, kv.pool.num_blocks, kv.num_hit_tokens,
-                                             kv.num_lookup_tokens)
-            self.num_sampled = last
+            self._record(last, self.held_waiting, self.held_used)
             return
         self.run.advance_to(last)
         self._sample(last)
@@ -767,15 +755,20 @@ class _ActiveRun:
             self._sample(j)
 
     def _sample(self, j: int) -> None:
+        scheduler = self.replica.scheduler
+        self._record(j, scheduler.num_waiting, scheduler.kv.pool.num_used)
+
+    def _record(self, j: int, waiting: int, used: int) -> None:
+        """Sample step ``j`` with these requests waiting and KV blocks in use (the rest does not move inside a
+        run: the batch is the run's, prompt tokens are counted as steps with prompts are scheduled)."""
         series = self.replica.series
         end = self.ends.end(j)
         if series.kv_probe is not None and end >= series.next_sample_s:
             self.run.set_counters(j)  # the probe reads per-request tokens: make them exact for step j
         scheduler = self.replica.scheduler
         kv = scheduler.kv
-        pool = kv.pool
-        self.replica.series.maybe_sample(end, len(scheduler.running), scheduler.num_waiting,
-                                         pool.num_used, pool.num_blocks, kv.num_hit_tokens, kv.num_lookup_tokens)
+        series.maybe_sample(end, len(scheduler.running), waiting, used, kv.pool.num_blocks, kv.num_hit_tokens,
+                            kv.num_lookup_tokens)
         self.num_sampled = j
 
 
