@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from simulator.fleet.replica import Replica
+from simulator.results.run_result import VariantResult
 from simulator.scenario import load_mapping
 from simulator.simulation import run
 
@@ -114,17 +115,22 @@ def _assert_fast_path_matches_step_by_step(overrides: list[str]) -> None:
     for (steps, busy, prompt), (fast_steps_n, fast_busy, fast_prompt) in zip(*counters, strict=True):
         assert (fast_steps_n, fast_prompt) == (steps, prompt)
         assert fast_busy == pytest.approx(busy, rel=1e-12)
-    slow, fast_result = results[False].requests.columns(), results[True].requests.columns()
+    assert_same_results(results[False], results[True])
+
+
+def assert_same_results(slow_run: VariantResult, fast_run: VariantResult) -> None:
+    """Every per-request column and every replica series equal (floats to rounding), and the summary."""
+    slow, fast_result = slow_run.requests.columns(), fast_run.requests.columns()
     for column, values in slow.items():
         other = fast_result[column]
         if values.dtype.kind == "f":
             np.testing.assert_allclose(other, values, rtol=1e-9, atol=1e-9, err_msg=column)
         else:
             np.testing.assert_array_equal(other, values, err_msg=column)
-    for slow_series, fast_series in zip(results[False].series, results[True].series, strict=True):
+    for slow_series, fast_series in zip(slow_run.series, fast_run.series, strict=True):
         for column, values in slow_series.columns().items():
             np.testing.assert_allclose(fast_series.columns()[column], values, rtol=1e-9, err_msg=column)
-    slow_summary, fast_summary = results[False].summary.to_dict(), results[True].summary.to_dict()
+    slow_summary, fast_summary = slow_run.summary.to_dict(), fast_run.summary.to_dict()
     assert fast_summary.keys() == slow_summary.keys()
     for key, value in slow_summary.items():
         if isinstance(value, float):

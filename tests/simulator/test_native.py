@@ -17,7 +17,8 @@ from simulator import native
 
 # Runs a few fast-path test scenarios (preemption, prefix caching, swap, an MoE profile), a disaggregated one
 # (prefill and decode pools, decode-side preemption) and one through KV tiers and a shared store, and saves
-# every per-request column.
+# every per-request column; and the speed benchmark's realistic case and its overloaded variant (prefix
+# caching on multi-turn sessions, session affinity; preemptions).
 RUN = """
 import sys, numpy as np
 sys.path.insert(0, {tests!r})
@@ -27,6 +28,7 @@ from simulator.scenario import load_mapping
 from test_fast_path import BASE, CASES
 from test_disaggregation import FAST_CASES, scenario
 from test_kv_tiers import STORE, sessions_through_tiers
+from test_speed_cases import SIM_SPEED
 columns = {{}}
 for case in ("chunked", "overload-preemption", "sessions-prefix", "tgi-swap", "moe-ep-sync"):
     result = run(load_mapping(BASE, CASES[case])).variants["base"]
@@ -38,6 +40,10 @@ for name, values in result.requests.columns().items():
 result = run(load_mapping(sessions_through_tiers(STORE))).variants["tiers"]
 for name, values in result.requests.columns().items():
     columns["tiers/" + name] = values
+for case in ("sessions+affinity", "overload"):
+    result = run(load_mapping(SIM_SPEED.CASES[case](1500, 4, 8.0))).variants["base"]
+    for name, values in result.requests.columns().items():
+        columns[case + "/" + name] = values
 np.savez({out!r}, **columns)
 print("active" if simulator.native.active() else "pure")
 """
