@@ -354,6 +354,43 @@ def test_chain_hashes_matches_a_sequential_reference(rows: list[list[int]]) -> N
     assert chain_hashes(keys, offsets).tolist() == expected
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    prompts=st.lists(st.integers(1, 3000), min_size=1, max_size=25),
+    block_size=st.sampled_from([4, 16, 512, 1024]),
+    window=st.integers(1, 400),
+    calls=st.lists(st.tuples(st.booleans(), st.integers(0, 24), st.integers(1, 6)), max_size=30),
+    seed=st.integers(0, 2**16),
+)
+def test_mooncake_hashes_read_in_windows_are_each_requests_own_chain(
+    prompts: list[int], block_size: int, window: int, calls: list[tuple[bool, int, int]], seed: int
+) -> None:
+    """``MooncakeBlockKeys.hashes`` derives the chains of a window of requests ahead when requests are read in
+    order and slices later calls from it: every call, in order or not, across window edges or inside one,
+    answers what deriving just its own requests' chains gives."""
+    from simulator.workload import block_keys
+    from simulator.workload.block_keys import MooncakeBlockKeys
+
+    rng = np.random.default_rng(seed)
+    n = len(prompts)
+    prompt = np.array(prompts, dtype=np.int64)
+    ids_per_request = rng.integers(0, 8, n)
+    offsets = np.concatenate([[0], np.cumsum(ids_per_request)])
+    ids = rng.integers(0, 12, int(offsets[-1]))  # few ids: requests share prefixes
+    keys = MooncakeBlockKeys(block_size=block_size, id_values=ids, id_offsets=offsets, prompt_tokens=prompt)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(block_keys, "_CHAIN_WINDOW_BLOCKS", window)  # windows of a few blocks: many edges
+        position = 0
+        for in_order, jump, length in calls:
+            start = position if in_order else min(jump, n)
+            stop = min(start + length, n)
+            position = stop if stop < n else 0
+            values, bounds = keys.hashes(start, stop)
+            own_keys, own_bounds = keys.keys(start, stop)
+            assert bounds.tolist() == own_bounds.tolist()
+            assert values.tolist() == chain_hashes(own_keys, own_bounds).tolist()
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     seed=st.integers(0, 2**32),
