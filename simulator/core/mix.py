@@ -3,8 +3,11 @@ session's place on the affinity ring (``fleet.hash_ring``), a speculative token'
 (``speculation``). The workload's numpy block keys are the same function on arrays (``workload.block_keys``).
 
 On Python ints each product of the plain formula is a 128-bit big int (about 7 k instructions per call
-compiled); here the 64-bit value is two 32-bit halves and each product a sum of 16-bit limb products, all
-machine integers once compiled. Standard library only: the real engine and the simulator both run it.
+compiled); compiled, the 64-bit value is two 32-bit halves and each product a sum of 16-bit limb products, all
+machine integers. Interpreted, the limbs are the slow way (3.6 us a call against 0.33 us for the plain formula,
+which made splitmix64 about 65 % of a pure-Python run of speculative.yaml: its acceptance draws), so each build
+takes its own: the same value bit for bit (``tests/simulator/core/test_mix.py`` holds both to the formula).
+Standard library only: the real engine and the simulator both run it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,21 @@ def splitmix64(z: int) -> int:
     """splitmix64's finaliser of any integer (taken modulo 2**64): a bijection on 64-bit values that spreads
     each input bit over all output bits. Equal, bit for bit, to ``z = (z + GOLDEN) & MASK; z = ((z ^ (z >>
     30)) * MUL1) & MASK; z = ((z ^ (z >> 27)) * MUL2) & MASK; z ^ (z >> 31)``."""
+    if _COMPILED:
+        return on_limbs(z)
+    return on_big_ints(z)
+
+
+def on_big_ints(z: int) -> int:
+    """``splitmix64`` by the plain formula: the fast way interpreted."""
+    z = (z + SPLITMIX_GOLDEN) & MASK64
+    z = ((z ^ (z >> 30)) * SPLITMIX_MUL1) & MASK64
+    z = ((z ^ (z >> 27)) * SPLITMIX_MUL2) & MASK64
+    return z ^ (z >> 31)
+
+
+def on_limbs(z: int) -> int:
+    """``splitmix64`` on 32-bit halves and 16-bit limb products: the fast way compiled."""
     z = (z + SPLITMIX_GOLDEN) & MASK64
     high: i64 = z >> 32
     low: i64 = z & _LOW32
@@ -54,3 +72,7 @@ def _times(high: i64, low: i64, b3: i64, b2: i64, b1: i64, b0: i64) -> tuple[i64
     c2 = a0 * b2 + a1 * b1 + a2 * b0 + (c1 >> 16)
     c3 = a0 * b3 + a1 * b2 + a2 * b1 + a3 * b0 + (c2 >> 16)
     return ((c3 & _LOW16) << 16) | (c2 & _LOW16), ((c1 & _LOW16) << 16) | (c0 & _LOW16)
+
+
+_COMPILED: Final = not hasattr(on_limbs, "__code__")
+"""Whether this module runs compiled (mypyc's functions are built-in ones, without Python bytecode)."""

@@ -1,10 +1,12 @@
-"""``core.mix.splitmix64`` computes the 64-bit products on 16-bit limbs: it must equal the plain formula on
-Python ints bit for bit, for every integer (taken modulo 2**64), negative and wider ones too."""
+"""``core.mix.splitmix64`` computes the 64-bit products on 16-bit limbs compiled and on big ints interpreted:
+both must equal the plain formula on Python ints bit for bit, for every integer (taken modulo 2**64), negative
+and wider ones too."""
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from simulator.core.mix import MASK64, splitmix64
+from simulator.core import mix
+from simulator.core.mix import MASK64, on_big_ints, on_limbs, splitmix64
 
 
 def plain_splitmix64(value: int) -> int:
@@ -16,11 +18,17 @@ def plain_splitmix64(value: int) -> int:
 
 @given(st.one_of(st.integers(0, MASK64), st.integers(-(1 << 70), 1 << 70)))
 def test_the_limb_mix_is_the_plain_formula(value: int) -> None:
-    assert splitmix64(value) == plain_splitmix64(value)
+    assert on_limbs(value) == on_big_ints(value) == splitmix64(value) == plain_splitmix64(value)
+
+
+def test_each_build_takes_its_fast_way() -> None:
+    from simulator import native
+
+    assert native.active() == mix._COMPILED
 
 
 def test_known_values_and_edges() -> None:
     assert splitmix64(0) == 0xE220A8397B1DCDAF  # SplitMix64's first output from seed 0
     for value in (1, MASK64, 1 << 63, (1 << 32) - 1, 1 << 32, -1):
-        assert splitmix64(value) == plain_splitmix64(value)
+        assert on_limbs(value) == on_big_ints(value) == splitmix64(value) == plain_splitmix64(value)
         assert 0 <= splitmix64(value) <= MASK64
