@@ -40,7 +40,7 @@ from simulator.core.speculation import Speculation, expected_tokens
 from simulator.core.step import StepPlan
 from simulator.cost.cost_model import CostModel
 from simulator.cost.profile import load_profile
-from simulator.cost.speculation import speculative_step_s
+from simulator.cost.speculative_step import speculative_step_s
 from simulator.scenario import load_mapping
 from simulator.simulation import run
 

@@ -31,7 +31,7 @@ def splitmix64(z: int) -> int:
     """splitmix64's finaliser of any integer (taken modulo 2**64): a bijection on 64-bit values that spreads
     each input bit over all output bits. Equal, bit for bit, to ``z = (z + GOLDEN) & MASK; z = ((z ^ (z >>
     30)) * MUL1) & MASK; z = ((z ^ (z >> 27)) * MUL2) & MASK; z ^ (z >> 31)``."""
-    if _COMPILED:
+    if COMPILED:
         return on_limbs(z)
     return on_big_ints(z)
 
@@ -46,21 +46,37 @@ def on_big_ints(z: int) -> int:
 
 def on_limbs(z: int) -> int:
     """``splitmix64`` on 32-bit halves and 16-bit limb products: the fast way compiled."""
-    z = (z + SPLITMIX_GOLDEN) & MASK64
-    high: i64 = z >> 32
-    low: i64 = z & _LOW32
-    low ^= ((low >> 30) | (high << 2)) & _LOW32  # z ^= z >> 30, on the halves
-    high ^= high >> 30
-    high, low = _times(high, low, 0xBF58, 0x476D, 0x1CE4, 0xE5B9)  # z *= MUL1 (mod 2**64)
-    low ^= ((low >> 27) | (high << 5)) & _LOW32
-    high ^= high >> 27
-    high, low = _times(high, low, 0x94D0, 0x49BB, 0x1331, 0x11EB)  # z *= MUL2
-    low ^= ((low >> 31) | (high << 1)) & _LOW32
-    high ^= high >> 31
+    high, low = mix_halves((z >> 32) & _LOW32, z & _LOW32)
     return (int(high) << 32) | int(low)
 
 
-def _times(high: i64, low: i64, b3: i64, b2: i64, b1: i64, b0: i64) -> tuple[i64, i64]:
+def mix_halves(high: i64, low: i64) -> tuple[i64, i64]:
+    """``splitmix64`` of the 64-bit value ``high * 2**32 + low`` (each half below 2**32), as its halves: with
+    ``add_halves`` and ``times``, a chain of mixes runs on machine integers alone once compiled, where a
+    64-bit Python int between them is a big int (each operation on it a few hundred instructions)."""
+    low += 0x7F4A7C15  # z += GOLDEN (mod 2**64), on the halves
+    high += 0x9E3779B9 + (low >> 32)
+    low &= _LOW32
+    high &= _LOW32
+    low ^= ((low >> 30) | (high << 2)) & _LOW32  # z ^= z >> 30
+    high ^= high >> 30
+    high, low = times(high, low, 0xBF58, 0x476D, 0x1CE4, 0xE5B9)  # z *= MUL1 (mod 2**64)
+    low ^= ((low >> 27) | (high << 5)) & _LOW32
+    high ^= high >> 27
+    high, low = times(high, low, 0x94D0, 0x49BB, 0x1331, 0x11EB)  # z *= MUL2
+    low ^= ((low >> 31) | (high << 1)) & _LOW32
+    high ^= high >> 31
+    return high, low
+
+
+def add_halves(high: i64, low: i64, value: int) -> tuple[i64, i64]:
+    """The halves of ``high * 2**32 + low + value`` (mod 2**64), for any integer ``value``."""
+    low += value & _LOW32
+    high = (high + ((value >> 32) & _LOW32) + (low >> 32)) & _LOW32
+    return high, low & _LOW32
+
+
+def times(high: i64, low: i64, b3: i64, b2: i64, b1: i64, b0: i64) -> tuple[i64, i64]:
     """(high, low) halves of ``z * b mod 2**64`` for z given as halves and b as 16-bit limbs, most
     significant first: schoolbook limb products (each below 2**32, their sums below 2**35)."""
     a0 = low & _LOW16
@@ -74,5 +90,5 @@ def _times(high: i64, low: i64, b3: i64, b2: i64, b1: i64, b0: i64) -> tuple[i64
     return ((c3 & _LOW16) << 16) | (c2 & _LOW16), ((c1 & _LOW16) << 16) | (c0 & _LOW16)
 
 
-_COMPILED: Final = not hasattr(on_limbs, "__code__")
+COMPILED: Final = not hasattr(on_limbs, "__code__")
 """Whether this module runs compiled (mypyc's functions are built-in ones, without Python bytecode)."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from simulator.core.mix import splitmix64
+from simulator.core.mix import COMPILED, add_halves, mix_halves, splitmix64, times
 from simulator.core.step import StepPlan
 
 _UNIT: Final = 1.0 / (1 << 53)
@@ -71,7 +71,32 @@ class Speculation:
 
     def num_accepted(self, request_id: int, num_output_tokens: int, num_drafts: int) -> int:
         """Proposals accepted of ``num_drafts`` scheduled for the request when it had ``num_output_tokens``
-        outputs: leading positions accepted, each with its rate, until the first rejection."""
+        outputs: leading positions accepted, each with its rate, until the first rejection. Position i is
+        accepted when ``splitmix64(base + i)``'s top 53 bits, as a fraction, fall below its rate, with
+        ``base = splitmix64(splitmix64(seed * GOLDEN + request_id) + num_output_tokens)`` (mod 2**64)."""
+        if COMPILED:
+            return self.accepted_on_halves(request_id, num_output_tokens, num_drafts)
+        return self.accepted_on_big_ints(request_id, num_output_tokens, num_drafts)
+
+    def accepted_on_halves(self, request_id: int, num_output_tokens: int, num_drafts: int) -> int:
+        """``num_accepted`` with every 64-bit value as two 32-bit halves: machine integers once compiled (the
+        big-int arithmetic between mixes was 37 % of a speculative run's instructions compiled)."""
+        seed = self.seed
+        high, low = times((seed >> 32) & 0xFFFFFFFF, seed & 0xFFFFFFFF, 0x9E37, 0x79B9, 0x7F4A, 0x7C15)
+        high, low = add_halves(high, low, request_id)
+        high, low = mix_halves(high, low)
+        high, low = add_halves(high, low, num_output_tokens)
+        high, low = mix_halves(high, low)
+        rates = self.acceptance_rates
+        for position in range(num_drafts):
+            h, lo = add_halves(high, low, position)
+            h, lo = mix_halves(h, lo)
+            if float((h << 21) | (lo >> 11)) * _UNIT >= rates[position]:
+                return position
+        return num_drafts
+
+    def accepted_on_big_ints(self, request_id: int, num_output_tokens: int, num_drafts: int) -> int:
+        """``num_accepted`` on Python ints: the fast way interpreted."""
         rates = self.acceptance_rates
         base = splitmix64(splitmix64(self.seed * 0x9E3779B97F4A7C15 + request_id) + num_output_tokens)
         for position in range(num_drafts):

@@ -9,7 +9,8 @@ batch). **Analytic**: no draft was measured on a GPU; the engine's self-draft me
 step times (``benchmarks/speculative.py``).
 
 The scenario's ``engine.speculative`` section (``SpeculativeConfig``) resolves to the core's
-``Speculation`` here; the scheduler reads k, the replica draws acceptance and prices steps with it.
+``Speculation`` here; the scheduler reads k, the replica draws acceptance and prices steps with it
+(``cost.speculative_step``, compiled with the per-step path).
 """
 
 from enum import StrEnum
@@ -20,9 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from simulator import yaml_text
-from simulator.core.speculation import Speculation, verify_shape_fields
-from simulator.core.step import StepPlan
-from simulator.cost.cost_model import CostModel
+from simulator.core.speculation import Speculation
 from simulator.cost.profile import Profile
 from simulator.errors import ConfigError
 
@@ -136,22 +135,3 @@ _CATALOGUE_LAYERS = {"llama-3-8b": 32, "llama-3-70b": 80, "llama-3-405b": 126, "
                      "qwen3-30b-a3b": 48, "deepseek-v3": 61, "llama-2-7b": 32, "codellama-34b": 48,
                      "internlm-20b": 60, "phi-2": 32, "tiny": 2, "small": 4}
 """Decoder layers of catalogue models (calibration/engine/configs.py), for profiles without ``comm``."""
-
-
-def speculative_step_s(cost: CostModel, plan: StepPlan, speculation: Speculation) -> tuple[float, int]:
-    """Seconds of a step with proposals (verification plus drafting) and its prompt tokens."""
-    seqs, tokens, decodes, decode_ctx, prefill_tokens, pairs, swap = verify_shape_fields(plan)
-    step_s = cost.time_of(seqs, tokens, decodes, decode_ctx, prefill_tokens, pairs, swap)
-    fraction = speculation.draft_cost_fraction
-    spec = plan.num_spec_tokens
-    if fraction > 0 and spec is not None:
-        num_rows = ctx = passes = 0
-        for i, s in enumerate(spec):
-            if s:
-                num_rows += 1
-                ctx += plan.num_computed_tokens[i] + 1
-                passes = max(passes, s)
-        if num_rows:
-            # Each pass drafts one token for every row still drafting; priced at the widest pass.
-            step_s += passes * fraction * cost.time_of(num_rows, num_rows, num_rows, ctx, 0, 0.0, 0)
-    return step_s, prefill_tokens

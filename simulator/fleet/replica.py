@@ -33,7 +33,7 @@ from simulator.core.request import Request, RequestSpec, RequestStatus
 from simulator.core.scheduler import Scheduler
 from simulator.core.step import StepPlan, shape_fields
 from simulator.cost.cost_model import CostModel, StepEnds
-from simulator.cost.speculation import speculative_step_s
+from simulator.cost.speculative_step import speculative_step_s
 from simulator.fleet.clock import Callback, Clock, Wake
 from simulator.fleet.loads import LoadLevels
 from simulator.results.request_log import RequestLog

@@ -18,7 +18,8 @@ from simulator import native
 # Runs a few fast-path test scenarios (preemption, prefix caching, swap, an MoE profile), a disaggregated one
 # (prefill and decode pools, decode-side preemption) and one through KV tiers and a shared store, and saves
 # every per-request column; and the speed benchmark's realistic case and its overloaded variant (prefix
-# caching on multi-turn sessions, session affinity; preemptions).
+# caching on multi-turn sessions, session affinity; preemptions), and speculative decoding (its acceptance
+# draws run on 32-bit halves compiled, on Python ints interpreted).
 RUN = """
 import sys, numpy as np
 sys.path.insert(0, {tests!r})
@@ -40,6 +41,11 @@ for name, values in result.requests.columns().items():
 result = run(load_mapping(sessions_through_tiers(STORE))).variants["tiers"]
 for name, values in result.requests.columns().items():
     columns["tiers/" + name] = values
+speculative = ["engine.async_scheduling=false", "engine.speculative={{method: draft_model, "
+               "num_speculative_tokens: 3, acceptance_rate: 0.7, draft_cost_fraction: 0.05}}"]
+result = run(load_mapping(BASE, speculative)).variants["base"]
+for name, values in result.requests.columns().items():
+    columns["speculative/" + name] = values
 for case in ("sessions+affinity", "overload"):
     result = run(load_mapping(SIM_SPEED.CASES[case](1500, 4, 8.0))).variants["base"]
     for name, values in result.requests.columns().items():

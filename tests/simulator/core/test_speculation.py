@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.core.config import Batching, KVPolicy, Preemption, SchedulerConfig
+from simulator.core.mix import splitmix64
 from simulator.core.request import RequestSpec, RequestStatus
 from simulator.core.scheduler import Scheduler
 from simulator.core.speculation import Speculation, expected_tokens
@@ -86,6 +87,21 @@ def test_draws_are_keyed_and_follow_the_rates() -> None:
     assert {spec(3, 0.0).num_accepted(r, 0, 3) for r in range(50)} == {0}
     # Fewer proposals see the same leading draws: a truncated draft accepts a prefix of the full one.
     assert all(model.num_accepted(r, 5, 2) == min(2, model.num_accepted(r, 5, 4)) for r in range(200))
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**63 - 1), request_id=st.integers(0, 2**62), outputs=st.integers(0, 2**40),
+       k=st.integers(1, 8), rate=st.floats(0.0, 1.0))
+def test_the_draws_on_halves_are_the_draws_on_big_ints(seed: int, request_id: int, outputs: int, k: int,
+                                                       rate: float) -> None:
+    """Compiled, the draws run on 32-bit halves; interpreted, on Python ints: the same count for any key, and
+    the formula ``num_accepted`` documents (leading draws below their rates)."""
+    model = spec(k, rate, seed=seed)
+    on_halves = model.accepted_on_halves(request_id, outputs, k)
+    assert on_halves == model.accepted_on_big_ints(request_id, outputs, k) == model.num_accepted(request_id, outputs, k)
+    base = splitmix64(splitmix64(seed * 0x9E3779B97F4A7C15 + request_id) + outputs)
+    below = [(splitmix64(base + i) >> 11) / 2**53 < rate for i in range(k)]
+    assert on_halves == [*below, False].index(False)
 
 
 configs = st.builds(
