@@ -15,7 +15,8 @@
 The cases (``CASES``): chat (Azure-2023-conversation prompt and output lengths, empirical from the shared
 trace, no prefix cache), the realistic case with vLLM's defaults (chunked prefill, prefix caching, async
 scheduling) on multi-turn sessions sharing system prompts, routed by session affinity or by prefix, and
-that at 3x the load on a small KV pool (preemptions); Poisson arrivals at a fixed load per replica. Prints
+that at 3x the load on a small KV pool (preemptions), and chat with speculative decoding; Poisson arrivals at
+a fixed load per replica. Prints
 one line per run (simulated requests per wall second and per CPU second — the CPU figure is the one a busy
 machine leaves steady —, SimPy events per request, peak RSS, preemptions, hit rate) and the
 scaling ratios (CPU time per request at the largest size / at the next largest and / at the smallest;
@@ -236,16 +237,28 @@ def overload_scenario(num_requests: int, replicas: int, rate_per_replica: float)
     return raw
 
 
+def speculative_scenario(num_requests: int, replicas: int, rate_per_replica: float) -> dict[str, Any]:
+    """Chat with speculative decoding (a draft model proposing 4 tokens, each accepted with probability 0.7):
+    every step its own event (the decode-run fast path declines speculation), acceptance drawn per row."""
+    raw = chat_scenario(num_requests, replicas, rate_per_replica)
+    raw["engine"] = {"preset": "vllm", "async_scheduling": False, "prefix_caching": False,
+                     "speculative": {"method": "draft_model", "num_speculative_tokens": 4, "acceptance_rate": 0.7,
+                                     "draft_cost_fraction": 0.05}}
+    return raw
+
+
 CASES: dict[str, Any] = {
     "chat": lambda n, r, rate: chat_scenario(n, r, rate),
     "sessions+affinity": lambda n, r, rate: sessions_scenario(n, r, rate),
     "sessions+prefix-aware": lambda n, r, rate: sessions_scenario(n, r, rate, router="prefix_aware"),
     "overload": lambda n, r, rate: overload_scenario(n, r, rate),
+    "speculative": lambda n, r, rate: speculative_scenario(n, r, rate),
 }
 """Each case builds its scenario from (requests, replicas, requests/s per replica). ``chat``: Azure
 conversation lengths, no prefix cache. ``sessions+*``: the realistic case (vLLM's defaults: chunked prefill,
 prefix caching, async scheduling; multi-turn sessions with shared system prompts). ``overload``: that at
-3x the load on a small KV pool (preemptions)."""
+3x the load on a small KV pool (preemptions). ``speculative``: chat with a draft model's 4 proposals per step
+(step by step: the decode-run fast path declines speculation)."""
 
 
 def compare(argv: list[str]) -> int:
