@@ -789,13 +789,19 @@ class Scheduler:
         Free blocks only shrink while the batch decodes (blocks are popped, none is freed), and the head's
         KV need can only fall if its prefix hits grow — as the run caches blocks — so the need is taken
         at the most hits the head could ever get (every hashed block it has, optimistically free of
-        charge): if even that does not fit now, no step of the run admits it."""
+        charge): if even that does not fit now, no step of the run admits it. Never blocked with KV tiers:
+        a try that fails has touched the head's blocks in them first (``_admit``), which only step by step
+        repeats."""
         cfg = self.config
         if cfg.batching is not Batching.CHUNKED or self.swapped:
             return False
         budget = cfg.max_num_batched_tokens - len(self.running)  # every running request decodes one token
         if budget <= 0:
             return True
+        if self.tiers is not None:
+            # Each step's attempt may refresh the head's blocks in the tiers even when it fails (``_admit``
+            # touches them before allocating): the order of a tier's evictions, which a run would not move.
+            return False
         request = self.waiting.peek()
         max_hits = 0
         if self.kv.enable_caching and request.num_computed_tokens == 0:

@@ -123,6 +123,28 @@ def test_hit_count_admission_keeps_only_blocks_hit_often_enough() -> None:
     assert tiers.counters.num_dropped == 1 and not tiers.problems()
 
 
+@pytest.mark.parametrize("with_tiers", [True, False])
+def test_no_decode_run_while_a_blocked_head_may_refresh_its_tier_blocks(with_tiers: bool) -> None:
+    """A head that cannot fit is tried again every step, and with tiers each try touches the blocks its load
+    would read (``KVTiers.refresh``) before the allocation fails: the order of the tier's evictions, which a
+    decode run skipping those tries would leave behind. So with tiers a waiting head with a seat free stops
+    runs; without them the same blocked head lets the batch decode in one run (fuzz seed 508197: a 0.01 GiB
+    host tier of 1-token blocks, whose victims then differed, and with them later loads and finish times)."""
+    cost = LinearCost(bytes_per_s=1e9)
+    s = evict_prefix_then_return(cost)  # request 2 waits, its 8 prompt blocks in the host tier
+    s.waiting.pop()
+    s.add_request(spec(3, 5 * BS, range(300, 305), output=60))  # a long decode holding 6 of the 10 blocks
+    while not (s.running and s.running[0].num_output_tokens > 0):
+        s.update(s.schedule())
+    # 9 blocks, of which only the first 2 hashed (found in the host tier): blocked even at the most hits
+    s.add_request(spec(2, 8 * BS + 1, range(100, 102)))
+    assert s.tiers is not None and s.tiers.find(list(range(100, 102)), 0, 2) == [0, 0]
+    if not with_tiers:
+        s.tiers = None
+    steps = s.steady_decode_steps()
+    assert (steps == 0) if with_tiers else (steps >= 2)
+
+
 def test_swap_takes_its_room_from_the_host_tier() -> None:
     cost = LinearCost(bytes_per_s=1e12)
     s = scheduler(6, [TierSpec(name="host", capacity_blocks=4)], cost, preemption=Preemption.SWAP,
