@@ -30,7 +30,6 @@ Standard library only; imports neither simpy nor torch.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -63,19 +62,33 @@ class EvictionOrder:
 
     A base class rather than a protocol: compiled, a tier's calls on its order are then direct calls (a
     protocol's were generic Python calls, about 2,600 instructions per block offered to a tier, the bulk
-    of a tiered run's event loop)."""
+    of a tiered run's event loop).
 
-    def __init__(self) -> None:
-        self._order: OrderedDict[int, None] = OrderedDict()
+    Kept as a queue of hashes in the order they were stored or touched, and per held hash the number of
+    its entries in it: a touch appends one more, and a hash's place is its last entry (the earlier ones
+    are stale, skipped when they reach the head). A plain dict and a list: an ``OrderedDict``'s store,
+    move and pop from the front each cost several probes of its index and, as its table was rebuilt under
+    the churn, a rebuild of its node index too (~1,500 instructions per block a tier stored). Stale
+    entries beyond ``compact_slack`` more than the live ones are dropped in one pass (amortised O(1))."""
+
+    def __init__(self, *, compact_slack: int = 1024) -> None:
+        self._entries: dict[int, int] = {}
+        """Each held hash -> its entries in ``_queue`` (its place is the last one)."""
+        self._queue: list[int] = []
+        """Hashes as they were stored or touched, oldest first; those before ``_head`` are read."""
+        self._head = 0
+        self._compact_slack = compact_slack
 
     def __contains__(self, block_hash: int) -> bool:
-        return block_hash in self._order
+        return block_hash in self._entries
 
     def __len__(self) -> int:
-        return len(self._order)
+        return len(self._entries)
 
     def add(self, block_hash: int) -> None:
-        self._order[block_hash] = None
+        """Store a hash it does not hold: the last victim."""
+        self._entries[block_hash] = 1
+        self._queue.append(block_hash)
 
     def touch(self, block_hash: int) -> None:
         """A hit on a held hash."""
@@ -85,29 +98,73 @@ class EvictionOrder:
         """``touch`` each of ``block_hashes[start:stop]`` it holds, in order."""
         raise NotImplementedError
 
+    def _renew(self, block_hash: int) -> None:
+        """Move a held hash to the back: the last victim."""
+        entries = self._entries
+        entries[block_hash] += 1
+        queue = self._queue
+        queue.append(block_hash)
+        if len(queue) - self._head > 2 * len(entries) + self._compact_slack:
+            self._compact()
+
     def pop_victim(self) -> int:
-        return self._order.popitem(last=False)[0]
+        queue = self._queue
+        entries = self._entries
+        head = self._head
+        while True:
+            block_hash = queue[head]
+            head += 1
+            count = entries[block_hash]
+            if count == 1:
+                del entries[block_hash]
+                break
+            entries[block_hash] = count - 1  # a stale entry: the hash was touched since
+        if head > self._compact_slack and 2 * head > len(queue):
+            del queue[:head]  # the entries read are most of the list: drop them (amortised O(1) each)
+            head = 0
+        self._head = head
+        return block_hash
 
     def hashes(self) -> list[int]:
-        return list(self._order)
+        """Held hashes, next victim first."""
+        remaining = dict(self._entries)
+        out: list[int] = []
+        queue = self._queue
+        for position in range(self._head, len(queue)):
+            block_hash = queue[position]
+            count = remaining[block_hash]
+            if count == 1:
+                out.append(block_hash)
+            else:
+                remaining[block_hash] = count - 1
+        return out
+
+    def _compact(self) -> None:
+        """The queue without its stale entries: each held hash once, at its place."""
+        live = self.hashes()
+        entries = self._entries
+        for block_hash in live:
+            entries[block_hash] = 1
+        self._queue = live
+        self._head = 0
 
     def members(self) -> Container[int]:
         """The held hashes as a container kept current (looked up without a call per hash)."""
-        return self._order
+        return self._entries
 
 
 class LRUOrder(EvictionOrder):
     """Least recently stored or hit first."""
 
     def touch(self, block_hash: int) -> None:
-        self._order.move_to_end(block_hash)
+        self._renew(block_hash)
 
     def touch_range(self, block_hashes: Sequence[int], start: int, stop: int) -> None:
-        order = self._order
+        entries = self._entries
         for position in range(start, stop):
             block_hash = block_hashes[position]
-            if block_hash in order:
-                order.move_to_end(block_hash)
+            if block_hash in entries:
+                self._renew(block_hash)
 
 
 class FIFOOrder(EvictionOrder):

@@ -3,6 +3,7 @@ load-or-recompute choice crosses over where the link says, swap shares the host 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import pytest
@@ -11,7 +12,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from simulator.core.config import Preemption, SchedulerConfig
-from simulator.core.kv_tiers import KVTiers, TierKind, TierLoad, TierSource, TierSpec, TierStore
+from simulator.core.kv_tiers import (
+    EVICTION_POLICIES,
+    KVTiers,
+    TierKind,
+    TierLoad,
+    TierSource,
+    TierSpec,
+    TierStore,
+)
 from simulator.core.request import RequestSpec, RequestStatus
 from simulator.core.scheduler import Scheduler
 
@@ -35,6 +44,46 @@ class LinearCost:
 
     def prefill_s(self, num_computed_tokens: int, num_new_tokens: int) -> float:
         return num_new_tokens * self.s_per_token
+
+
+eviction_ops = st.lists(st.tuples(st.sampled_from(["add", "touch", "touch_range", "pop"]), st.sampled_from(range(5)),
+                                  st.sampled_from(range(6))), min_size=10, max_size=120)
+"""Operations on an eviction order: (kind, a hash's index, a range's other end), over five hashes (so that
+most touches find theirs held)."""
+
+
+@settings(max_examples=300, deadline=None)
+@given(policy=st.sampled_from(sorted(EVICTION_POLICIES)), slack=st.sampled_from([0, 1, 3, 1024]), ops=eviction_ops)
+def test_an_eviction_order_gives_up_its_hashes_as_an_ordered_dict_would(policy: str, slack: int,
+                                                                        ops: list[tuple[str, int, int]]) -> None:
+    """The order a tier evicts in, against the definition: a hash stored goes last; under LRU a hit on a
+    held hash moves it last (FIFO leaves it); the victim is the first. Its queue of stale entries is
+    compacted at every threshold (``compact_slack``: 0 compacts at every touch that leaves one stale
+    entry more than it holds), and what it holds and in which order never differs."""
+    order = EVICTION_POLICIES[policy](compact_slack=slack)
+    model: OrderedDict[int, None] = OrderedDict()
+    lru = policy == "lru"
+    keys = [1000 + 7 * i for i in range(5)]  # as a prompt's hashes: a tuple read by position
+    for kind, a, b in ops:
+        if kind == "add" and keys[a] not in model:
+            order.add(keys[a])
+            model[keys[a]] = None
+        elif kind == "touch" and keys[a] in model:
+            order.touch(keys[a])
+            if lru:
+                model.move_to_end(keys[a])
+        elif kind == "touch_range":
+            start, stop = min(a, b), max(a, b)
+            order.touch_range(tuple(keys), start, stop)
+            for key in keys[start:stop]:
+                if lru and key in model:
+                    model.move_to_end(key)
+        elif kind == "pop" and model:
+            assert order.pop_victim() == model.popitem(last=False)[0]
+        assert order.hashes() == list(model)
+        assert len(order) == len(model)
+        assert all((key in order) == (key in model) for key in keys)
+        assert all((key in order.members()) == (key in model) for key in keys)
 
 
 def spec(rid: int, prompt: int, hashes: Sequence[int], output: int = 1) -> RequestSpec:
