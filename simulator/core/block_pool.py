@@ -516,7 +516,7 @@ class BlockPool:
                     del cached[block_hash]
                     evictions += 1
                 else:
-                    self._uncache(block_hash, index)
+                    self._uncache(block_hash, held)
             ref[index] = 1
             given.append(held)
             remaining -= 1
@@ -528,8 +528,10 @@ class BlockPool:
             head = 0
         self._freed_head = head
 
-    def _uncache(self, block_hash: int, block_id: int) -> None:
-        """Evict one copy of ``block_hash``: the next oldest copy, if any, answers lookups from now on."""
+    def _uncache(self, block_hash: Any, block_id: Any) -> None:
+        """Evict one copy of ``block_hash``: the next oldest copy, if any, answers lookups from now on. (Hash
+        and id typed as objects: compiled, as ints they would be unboxed here and boxed anew for the index
+        and for ``on_evict``.)"""
         self.num_evictions += 1
         copies = self._copies.get(block_hash)
         if self.cached[block_hash] == block_id:

@@ -33,7 +33,14 @@ from __future__ import annotations
 from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol, TypeAlias
+
+BlockHash: TypeAlias = Any
+"""A block's hash, kept as the Python int object it arrives as. Compiled, an ``int`` is a machine integer:
+a hash below 2**62 would be unboxed on its way in and boxed anew for every dict operation (an allocation,
+a hash of the new object, and a compare by value in the dict instead of by identity): ~4 M allocations
+in kv_tiers.yaml's host_ssd_store variant. As an object it goes from the request's tuple, through the
+block pool's index, into the tiers' dicts as it is (as ``block_pool`` keeps its ids and hashes)."""
 
 
 class TierKind(StrEnum):
@@ -72,33 +79,33 @@ class EvictionOrder:
     entries beyond ``compact_slack`` more than the live ones are dropped in one pass (amortised O(1))."""
 
     def __init__(self, *, compact_slack: int = 1024) -> None:
-        self._entries: dict[int, int] = {}
+        self._entries: dict[BlockHash, int] = {}
         """Each held hash -> its entries in ``_queue`` (its place is the last one)."""
-        self._queue: list[int] = []
+        self._queue: list[BlockHash] = []
         """Hashes as they were stored or touched, oldest first; those before ``_head`` are read."""
         self._head = 0
         self._compact_slack = compact_slack
 
-    def __contains__(self, block_hash: int) -> bool:
+    def __contains__(self, block_hash: BlockHash) -> bool:
         return block_hash in self._entries
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def add(self, block_hash: int) -> None:
+    def add(self, block_hash: BlockHash) -> None:
         """Store a hash it does not hold: the last victim."""
         self._entries[block_hash] = 1
         self._queue.append(block_hash)
 
-    def touch(self, block_hash: int) -> None:
+    def touch(self, block_hash: BlockHash) -> None:
         """A hit on a held hash."""
         raise NotImplementedError
 
-    def touch_range(self, block_hashes: Sequence[int], start: int, stop: int) -> None:
+    def touch_range(self, block_hashes: Sequence[BlockHash], start: int, stop: int) -> None:
         """``touch`` each of ``block_hashes[start:stop]`` it holds, in order."""
         raise NotImplementedError
 
-    def _renew(self, block_hash: int) -> None:
+    def _renew(self, block_hash: BlockHash) -> None:
         """Move a held hash to the back: the last victim."""
         entries = self._entries
         entries[block_hash] += 1
@@ -107,7 +114,7 @@ class EvictionOrder:
         if len(queue) - self._head > 2 * len(entries) + self._compact_slack:
             self._compact()
 
-    def pop_victim(self) -> int:
+    def pop_victim(self) -> BlockHash:
         queue = self._queue
         entries = self._entries
         head = self._head
@@ -125,10 +132,10 @@ class EvictionOrder:
         self._head = head
         return block_hash
 
-    def hashes(self) -> list[int]:
+    def hashes(self) -> list[BlockHash]:
         """Held hashes, next victim first."""
         remaining = dict(self._entries)
-        out: list[int] = []
+        out: list[BlockHash] = []
         queue = self._queue
         for position in range(self._head, len(queue)):
             block_hash = queue[position]
@@ -148,7 +155,7 @@ class EvictionOrder:
         self._queue = live
         self._head = 0
 
-    def members(self) -> Container[int]:
+    def members(self) -> Container[BlockHash]:
         """The held hashes as a container kept current (looked up without a call per hash)."""
         return self._entries
 
@@ -156,10 +163,10 @@ class EvictionOrder:
 class LRUOrder(EvictionOrder):
     """Least recently stored or hit first."""
 
-    def touch(self, block_hash: int) -> None:
+    def touch(self, block_hash: BlockHash) -> None:
         self._renew(block_hash)
 
-    def touch_range(self, block_hashes: Sequence[int], start: int, stop: int) -> None:
+    def touch_range(self, block_hashes: Sequence[BlockHash], start: int, stop: int) -> None:
         entries = self._entries
         for position in range(start, stop):
             block_hash = block_hashes[position]
@@ -170,10 +177,10 @@ class LRUOrder(EvictionOrder):
 class FIFOOrder(EvictionOrder):
     """First stored first out; a hit does not rejuvenate a block."""
 
-    def touch(self, block_hash: int) -> None:
+    def touch(self, block_hash: BlockHash) -> None:
         pass
 
-    def touch_range(self, block_hashes: Sequence[int], start: int, stop: int) -> None:
+    def touch_range(self, block_hashes: Sequence[BlockHash], start: int, stop: int) -> None:
         pass
 
 
@@ -233,7 +240,7 @@ class TierStore:
         """Moves whenever its eviction order may have changed: a hash stored, touched or evicted
         (``KVTiers.refresh`` skips touching again a run it touched last, with nothing done since)."""
 
-    def __contains__(self, block_hash: int) -> bool:
+    def __contains__(self, block_hash: BlockHash) -> bool:
         return block_hash in self._order
 
     def __len__(self) -> int:
@@ -243,24 +250,24 @@ class TierStore:
     def capacity_blocks(self) -> int | None:
         return self.spec.capacity_blocks
 
-    def hashes(self) -> list[int]:
+    def hashes(self) -> list[BlockHash]:
         """Held hashes, next victim first."""
         return self._order.hashes()
 
-    def touch(self, block_hash: int) -> None:
+    def touch(self, block_hash: BlockHash) -> None:
         self.order_version += 1
         self._order.touch(block_hash)
 
-    def touch_range(self, block_hashes: Sequence[int], start: int, stop: int) -> None:
+    def touch_range(self, block_hashes: Sequence[BlockHash], start: int, stop: int) -> None:
         """Touch each of ``block_hashes[start:stop]`` it holds, in order."""
         self.order_version += 1
         self._order.touch_range(block_hashes, start, stop)
 
-    def members(self) -> Container[int]:
+    def members(self) -> Container[BlockHash]:
         """Its hashes, as a container kept current: ``hash in members()`` is ``hash in self``."""
         return self._order.members()
 
-    def offer(self, block_hash: int, num_hits: int) -> tuple[bool, list[int]]:
+    def offer(self, block_hash: BlockHash, num_hits: int) -> tuple[bool, list[BlockHash]]:
         """Store ``block_hash`` if admitted. Returns (taken: stored or already held, victims evicted)."""
         self.num_offered += 1
         order = self._order
@@ -280,7 +287,7 @@ class TierStore:
         self.num_stored += 1
         return True, victims
 
-    def reserve(self, num_blocks: int) -> list[int] | None:
+    def reserve(self, num_blocks: int) -> list[BlockHash] | None:
         """Room for ``num_blocks`` swapped-out blocks, evicting cached hashes (returned) as needed; None
         (nothing changed) when even an empty tier would not have the room."""
         capacity = self.spec.capacity_blocks
@@ -295,11 +302,11 @@ class TierStore:
             raise ValueError(f"tier {self.spec.name}: releasing {num_blocks} blocks, {self.num_reserved} reserved")
         self.num_reserved -= num_blocks
 
-    def _make_room(self, num_blocks: int) -> list[int]:
+    def _make_room(self, num_blocks: int) -> list[BlockHash]:
         capacity = self.spec.capacity_blocks
         if capacity is None:
             return []
-        victims: list[int] = []
+        victims: list[BlockHash] = []
         order = self._order
         while len(order) and len(order) + self.num_reserved + num_blocks > capacity:
             victims.append(order.pop_victim())
@@ -408,13 +415,13 @@ class KVTiers:
         self._plan_versions: list[int] = []
         self._plan: TierLoad | None = None
         self._refreshed: TierLoad | None = None
-        self._refreshed_hashes: Sequence[int] | None = None
+        self._refreshed_hashes: Sequence[BlockHash] | None = None
         self._refreshed_start = 0
         self._refreshed_versions: list[int] = []
 
     # ----- eviction -----------------------------------------------------------------------------------
 
-    def on_evict(self, block_hash: int, block_id: int | None = None) -> None:
+    def on_evict(self, block_hash: BlockHash, block_id: int | None = None) -> None:
         """The device's prefix cache let go of ``block_hash`` (held in device block ``block_id``, which the
         bookkeeping does not need): it moves down."""
         self.counters.num_device_evictions += 1
@@ -424,18 +431,18 @@ class KVTiers:
             if self.stores[index].spec.source is TierSource.DEVICE:
                 self._offer_direct(index, block_hash, hits)
 
-    def on_compute(self, block_hash: int) -> None:
+    def on_compute(self, block_hash: BlockHash) -> None:
         """The device indexed ``block_hash`` (its KV is being computed): tiers written on compute take it."""
         hits = self.counters.hit_counts.get(block_hash, 0) if self._count_hits else 0
         for index in self.written_on_compute:
             self._offer_direct(index, block_hash, hits)
 
-    def _offer_direct(self, index: int, block_hash: int, hits: int) -> None:
+    def _offer_direct(self, index: int, block_hash: BlockHash, hits: int) -> None:
         """Offer to tier ``index`` alone: turned away, it goes no further (its victims still move down)."""
         if not self._offer_one(index, block_hash, hits):
             self.stores[index].num_rejected_direct += 1
 
-    def _offer_from(self, start: int, block_hash: int, hits: int) -> None:
+    def _offer_from(self, start: int, block_hash: BlockHash, hits: int) -> None:
         """Offer to tier ``start``; turned away, to the next; each victim on to the tier below its own."""
         stores = self.stores
         index = start
@@ -446,7 +453,7 @@ class KVTiers:
             index += 1
         self.counters.num_dropped += 1
 
-    def _offer_one(self, index: int, block_hash: int, hits: int) -> bool:
+    def _offer_one(self, index: int, block_hash: BlockHash, hits: int) -> bool:
         taken, victims = self.stores[index].offer(block_hash, hits)
         for victim in victims:
             victim_hits = self.counters.hit_counts.get(victim, 0) if self._count_hits else 0
@@ -455,7 +462,7 @@ class KVTiers:
 
     # ----- lookup and the load-or-recompute decision -----------------------------------------------
 
-    def find(self, block_hashes: Sequence[int], start: int, stop: int) -> list[int]:
+    def find(self, block_hashes: Sequence[BlockHash], start: int, stop: int) -> list[int]:
         """Per block from ``start`` on (before ``stop``), the first tier holding it, while found."""
         members = self._members
         num_tiers = len(members)
@@ -473,7 +480,7 @@ class KVTiers:
             found.append(index)
         return found
 
-    def plan(self, block_hashes: Sequence[int], num_device_hits: int, num_prompt_tokens: int,
+    def plan(self, block_hashes: Sequence[BlockHash], num_device_hits: int, num_prompt_tokens: int,
              max_blocks: int) -> TierLoad | None:
         """The blocks after the device's ``num_device_hits`` hits found in the tiers (at most up to
         ``max_blocks`` in all), and how many of them to load: the m that minimises load time plus the
@@ -503,7 +510,7 @@ class KVTiers:
                 return False
         return True
 
-    def _search(self, block_hashes: Sequence[int], num_device_hits: int, num_prompt_tokens: int,
+    def _search(self, block_hashes: Sequence[BlockHash], num_device_hits: int, num_prompt_tokens: int,
                 max_blocks: int) -> TierLoad | None:
         """``plan``, worked out."""
         found = self.find(block_hashes, num_device_hits, max_blocks)
@@ -527,7 +534,7 @@ class KVTiers:
                 best_m, best_s, best_load_s = m, total, load_s
         return TierLoad(found, best_m, best_load_s)
 
-    def commit(self, load: TierLoad, request_id: int, block_ids: Sequence[int], block_hashes: Sequence[int],
+    def commit(self, load: TierLoad, request_id: int, block_ids: Sequence[int], block_hashes: Sequence[BlockHash],
                *, first_admission: bool) -> LoadOp | None:
         """The request was admitted with ``load``: count it, refresh the blocks read in their tiers, and
         return the copy the runner performs (``block_ids``: the fresh device blocks, prefix order)."""
@@ -548,7 +555,7 @@ class KVTiers:
             self.count_hits(block_hashes[:n])
         return LoadOp(request_id, tuple(block_ids), tuple(block_hashes[:n]), tuple(load.tiers[:n]), load.load_s)
 
-    def refresh(self, load: TierLoad, block_hashes: Sequence[int], start: int) -> None:
+    def refresh(self, load: TierLoad, block_hashes: Sequence[BlockHash], start: int) -> None:
         """Make the blocks a load will read the most recently used of their tiers, before the admission
         allocates device blocks (whose evictions move down and could otherwise push them out first).
         ``block_hashes[start:]`` are the found blocks. A tier's blocks are touched in prefix order (touches in
@@ -571,7 +578,7 @@ class KVTiers:
         self._refreshed_start = start
         self._refreshed_versions = [store.order_version for store in self.stores]
 
-    def count_hits(self, block_hashes: Sequence[int]) -> None:
+    def count_hits(self, block_hashes: Sequence[BlockHash]) -> None:
         """Hits on these hashes (for hit-count admission; a no-op without such a tier)."""
         if not self._count_hits:
             return
@@ -579,7 +586,7 @@ class KVTiers:
         for block_hash in block_hashes:
             counts[block_hash] = counts.get(block_hash, 0) + 1
 
-    def prefix_match_blocks(self, block_hashes: Sequence[int], start: int) -> float:
+    def prefix_match_blocks(self, block_hashes: Sequence[BlockHash], start: int) -> float:
         """Blocks from ``start`` on that the tiers hold, in a run, each counted at its tier's weight in
         ``match_weights``: what a prefix-aware router adds to a replica's device match."""
         weights = self.match_weights
