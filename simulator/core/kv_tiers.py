@@ -267,19 +267,20 @@ class TierStore:
         """Its hashes, as a container kept current: ``hash in members()`` is ``hash in self``."""
         return self._order.members()
 
-    def offer(self, block_hash: BlockHash, num_hits: int) -> tuple[bool, list[BlockHash]]:
-        """Store ``block_hash`` if admitted. Returns (taken: stored or already held, victims evicted)."""
+    def offer(self, block_hash: BlockHash, num_hits: int) -> tuple[bool, list[BlockHash] | None]:
+        """Store ``block_hash`` if admitted. Returns (taken: stored or already held, the victims it evicted;
+        None when none, as for most offers, which then make no list)."""
         self.num_offered += 1
         order = self._order
         if block_hash in order:
             self.num_present += 1
             self.order_version += 1
             order.touch(block_hash)
-            return True, []
+            return True, None
         capacity = self.spec.capacity_blocks
         if num_hits < self.spec.min_hits or (capacity is not None and capacity - self.num_reserved < 1):
             self.num_rejected += 1
-            return False, []
+            return False, None
         victims = self._make_room(1)
         order.add(block_hash)
         self.membership_version += 1
@@ -295,25 +296,25 @@ class TierStore:
             return None
         victims = self._make_room(num_blocks)
         self.num_reserved += num_blocks
-        return victims
+        return [] if victims is None else victims
 
     def release(self, num_blocks: int) -> None:
         if num_blocks > self.num_reserved:
             raise ValueError(f"tier {self.spec.name}: releasing {num_blocks} blocks, {self.num_reserved} reserved")
         self.num_reserved -= num_blocks
 
-    def _make_room(self, num_blocks: int) -> list[BlockHash]:
+    def _make_room(self, num_blocks: int) -> list[BlockHash] | None:
+        """Evict until ``num_blocks`` more fit (or nothing is left); the victims, None when there were none."""
         capacity = self.spec.capacity_blocks
-        if capacity is None:
-            return []
-        victims: list[BlockHash] = []
         order = self._order
+        if capacity is None or not len(order) or len(order) + self.num_reserved + num_blocks <= capacity:
+            return None
+        victims: list[BlockHash] = []
         while len(order) and len(order) + self.num_reserved + num_blocks > capacity:
             victims.append(order.pop_victim())
-        if victims:
-            self.num_evicted += len(victims)
-            self.membership_version += 1
-            self.order_version += 1
+        self.num_evicted += len(victims)
+        self.membership_version += 1
+        self.order_version += 1
         return victims
 
 
@@ -455,6 +456,8 @@ class KVTiers:
 
     def _offer_one(self, index: int, block_hash: BlockHash, hits: int) -> bool:
         taken, victims = self.stores[index].offer(block_hash, hits)
+        if victims is None:
+            return taken
         for victim in victims:
             victim_hits = self.counters.hit_counts.get(victim, 0) if self._count_hits else 0
             self._offer_from(index + 1, victim, victim_hits)
