@@ -2,13 +2,16 @@
 
 ``test_fast_path.py`` holds the fast path to the reference on hand-picked cases; this draws the settings
 that change what a run may skip: the engine preset, async scheduling, chunked prefill's budget, the seats,
-a small KV pool (preemption), prefix caching with sessions sharing system prompts, KV tiers with tiny
-capacities (their eviction orders move at every admission try), the router, a horizon. Each drawn
-scenario runs twice, step by step and on the fast path, each with the run check (``check=True``), and
-every per-request column, replica series and summary figure must agree (``assert_same_results``).
+a small KV pool (preemption), one-token blocks, prefix caching with sessions sharing system prompts or
+with Mooncake's recorded prefixes (where the trace is present), KV tiers with tiny capacities (their
+eviction orders move at every admission try), the router, a horizon. Each drawn scenario runs twice, step
+by step and on the fast path, each with the run check (``check=True``), and every per-request column,
+replica series and summary figure must agree (``assert_same_results``).
 
-A fuzzer of this kind found the fast path's KV-tier divergence fixed in ``eec2931``. CI draws a few dozen
-scenarios; ``FLEETSIM_FUZZ_EXAMPLES=5000`` draws more (a few milliseconds to a second each, compiled).
+A fuzzer of this kind (an earlier session's script, since lost) found the KV-tier divergence fixed in
+``eec2931``, once in ~17,000 scenarios; that case keeps its own reproducer in ``test_kv_tiers.py``. CI
+draws a few dozen scenarios; ``FLEETSIM_FUZZ_EXAMPLES=5000`` draws more (milliseconds to a second each,
+compiled).
 """
 
 from __future__ import annotations
@@ -25,8 +28,11 @@ from simulator.errors import ConfigError
 from simulator.fleet.replica import Replica
 from simulator.scenario import load_mapping
 from simulator.simulation import run
+from simulator.workload.traces import traces_dir
 
-EXAMPLES = int(os.environ.get("FLEETSIM_FUZZ_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("FLEETSIM_FUZZ_EXAMPLES", "40"))
+MOONCAKE = traces_dir() / "mooncake_fast25_conversation.jsonl"
+"""Drawn from when present (the shared traces folder; ``FLEETSIM_TRACES``), as other tests read it."""
 
 
 @st.composite
@@ -39,7 +45,10 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
     engine["prefix_caching"] = draw(st.booleans())
     engine["max_num_seqs"] = draw(st.sampled_from([4, 16, 64, 256]))
     engine["max_num_batched_tokens"] = draw(st.sampled_from([256, 1024, 2048, 8192]))
-    engine["kv"]["num_blocks"] = draw(st.sampled_from([200, 400, 1000, 5000]))
+    # Blocks of one token too (each prompt then a chain of hundreds, a tier's few MiB hundreds of blocks).
+    block_size = draw(st.sampled_from([1, 16, 16]))
+    engine["kv"]["block_size"] = block_size
+    engine["kv"]["num_blocks"] = draw(st.sampled_from([200, 400, 1000, 5000])) * 16 // block_size
     if preset != "vllm" and draw(st.booleans()):
         engine["kv"]["preemption"] = "swap"
     workload: dict[str, Any] = {
@@ -51,7 +60,15 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
                           "max": 600},
     }
     sessions = draw(st.booleans())
-    if sessions:
+    if MOONCAKE.is_file() and draw(st.integers(0, 4)) == 0:
+        # Mooncake's recorded prefixes (hash ids shared across requests, long prompts): the heads that cannot
+        # fit and the tier hits the synthetic sessions rarely make together.
+        sessions = False
+        workload = {"num_requests": workload["num_requests"] // 2,
+                    "trace": {"format": "mooncake", "path": str(MOONCAKE), "max_prompt_tokens": 32000,
+                              "rate_rps": workload["arrival"]["rate_rps"]}}
+        engine["kv"]["num_blocks"] *= 4
+    elif sessions:
         workload["sessions"] = {"turns": {"dist": "uniform", "low": 2, "high": 5}, "think_time_s": 1.0,
                                 "response_time_estimate_s": 0.5}
         workload["system_prompts"] = {"num_prompts": draw(st.integers(1, 4)),
