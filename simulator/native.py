@@ -52,6 +52,7 @@ MODULES = (
     "simulator.fleet.arrival_feed",
     "simulator.fleet.loads",
     "simulator.fleet.hash_ring",
+    "simulator.fleet.prefix_index",
     "simulator.fleet.prefix_route",
     "simulator.workload.shared_hashes",
 )

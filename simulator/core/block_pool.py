@@ -168,6 +168,10 @@ class BlockPool:
         block is reused (KV tiers take the hash: ``core.kv_tiers``; a runner may copy the block's bytes)."""
         self.on_cache: Callable[[int], None] | None = None
         """Called with a hash as it is first indexed (a store written as blocks are computed takes it)."""
+        self._shared: dict[Any, Any] | None = None
+        self._shared_bit = 0
+        """A fleet-wide index this pool's ``cached`` keys are mirrored into (``share_index``), and this pool's
+        bit in its masks; None for none."""
         self._held_pins: set[Pin] = set()
         """Pins with holders: each holds one reference on each of its blocks (``ref_cnt`` reports their
         holders instead)."""
@@ -515,6 +519,8 @@ class BlockPool:
                 if plain and (not copies or block_hash not in copies):
                     del cached[block_hash]
                     evictions += 1
+                    if self._shared is not None:
+                        self._unshare(block_hash)
                 else:
                     self._uncache(block_hash, held)
             ref[index] = 1
@@ -527,6 +533,42 @@ class BlockPool:
             del freed[:head]  # the entries read are most of the list: drop them (amortised O(1) each)
             head = 0
         self._freed_head = head
+
+    @property
+    def shares_index(self) -> bool:
+        """Whether this pool mirrors its index into a shared one (``share_index``)."""
+        return self._shared is not None
+
+    def share_index(self, index: dict[Any, Any], bit: int) -> None:
+        """Mirror this pool's index into ``index``, shared by several pools: hash -> the bitwise or of the
+        ``bit`` of every pool whose ``cached`` holds it, kept so as hashes are indexed and evicted from now on
+        (those cached now are added here). One walk of the shared index then answers every pool's
+        ``cached`` walk at once (``fleet.prefix_index``). Marked blocks stay out of it, as out of ``cached``."""
+        if bit <= 0 or bit & (bit - 1):
+            raise ValueError(f"a pool's bit must be a power of two, got {bit}")
+        if self._shared is not None:
+            raise ValueError("this pool already mirrors its index into a shared one")
+        self._shared = index
+        self._shared_bit = bit
+        for block_hash in self.cached:
+            self._share(block_hash)
+
+    def _share(self, block_hash: Any) -> None:
+        """``block_hash`` entered ``cached``: set this pool's bit in the shared index."""
+        shared = self._shared
+        assert shared is not None
+        shared[block_hash] = shared.get(block_hash, 0) | self._shared_bit
+
+    def _unshare(self, block_hash: Any) -> None:
+        """``block_hash`` left ``cached``: clear this pool's bit in the shared index (the hash leaves it with
+        the last pool's bit)."""
+        shared = self._shared
+        assert shared is not None
+        mask = shared[block_hash] & ~self._shared_bit
+        if mask:
+            shared[block_hash] = mask
+        else:
+            del shared[block_hash]
 
     def _uncache(self, block_hash: Any, block_id: Any) -> None:
         """Evict one copy of ``block_hash``: the next oldest copy, if any, answers lookups from now on. (Hash
@@ -541,6 +583,8 @@ class BlockPool:
                     del self._copies[block_hash]
             else:
                 del self.cached[block_hash]
+                if self._shared is not None:
+                    self._unshare(block_hash)
                 if self.on_evict is not None:
                     self.on_evict(block_hash, block_id)
         elif copies is not None:
@@ -750,6 +794,8 @@ class BlockPool:
             if cached.setdefault(block_hash, held) is not held:
                 self._copies.setdefault(block_hash, []).append(held)
                 self.copies_made += 1
+            elif self._shared is not None:
+                self._share(block_hash)
             j += 1
         freed[position:position + 1] = live
         if position == head:
@@ -872,8 +918,11 @@ class BlockPool:
                 if cached.setdefault(block_hash, held) is not held:
                     self._copies.setdefault(block_hash, []).append(held)
                     self.copies_made += 1
-                elif on_cache is not None:
-                    on_cache(block_hash)
+                else:
+                    if self._shared is not None:
+                        self._share(block_hash)
+                    if on_cache is not None:
+                        on_cache(block_hash)
             i += 1
 
     def index_private(self, block_ids: list[int], block_hashes: tuple[int, ...], start: int, stop: int) -> None:

@@ -361,8 +361,19 @@ class KVManager:
         i: i64 = 0
         while i < count and hashes[i] in cached:
             i += 1
+        return self.chain_match(hashes, i, num_blocks)
+
+    def chain_match(self, block_hashes: tuple[Any, ...], num_indexed: int, num_blocks: int | None = None) -> int:
+        """``prefix_match_blocks`` given the walk's answer in the index: ``block_hashes[:num_indexed]`` are in
+        it and the next is not (or none is next). A session's chain starting there (its blocks marked, not
+        indexed) is what a walk would find on. A fleet-wide index (``fleet.prefix_index``) walks the index
+        for every replica at once and asks each replica only this."""
+        if not self.enable_caching:
+            return 0
+        i: i64 = num_indexed
+        count: i64 = len(block_hashes)
         if i < count and self._chains:
-            chain = self._chains.get(hashes[i])
+            chain = self._chains.get(block_hashes[i])
             if chain is not None and chain.start == i:
                 # A chain starts here: its run, or what its holder has cached, is what a walk would find.
                 run = chain.run

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from simulator.core.request import RequestSpec
+from simulator.fleet.prefix_index import PrefixIndex
 
 
 class PrefixView(Protocol):
@@ -31,14 +32,21 @@ class PrefixAwareRoute:
     the highest wins, ties by lower load, then lower replica id: the policy's one copy of the rule, which its
     ``choose`` and ``scores`` use too."""
 
-    __slots__ = ("_load_weight", "_prefix_weight", "_views")
+    __slots__ = ("_index", "_live_loads", "_load_weight", "_prefix_weight", "_views")
 
-    def __init__(self, views: Sequence[PrefixView], prefix_weight: float, load_weight: float) -> None:
+    def __init__(self, views: Sequence[PrefixView], prefix_weight: float, load_weight: float,
+                 live_loads: list[int] | None = None) -> None:
         if not views:
             raise ValueError("no replicas to route to")
         self._views: list[PrefixView] = list(views)
         self._prefix_weight = prefix_weight
         self._load_weight = load_weight
+        self._live_loads = live_loads
+        """Live views' load list (``LiveViews.loads``: index = replica id), until the first pick builds the
+        fleet-wide index from them (``PrefixIndex``), then None."""
+        self._index: PrefixIndex | None = None
+        """The views' fleet-wide index, or None: each view walks its own cache (views that are not replicas,
+        replicas with KV tiers)."""
 
     def scores(self, spec: RequestSpec) -> list[float]:
         """Each replica's score for this request, in the order of the views."""
@@ -56,6 +64,51 @@ class PrefixAwareRoute:
         return result
 
     def __call__(self, spec: RequestSpec, now_s: float) -> int:
+        """The index of the view ``scores`` ranks first (ties by lower load, then lower replica id)."""
+        if self._live_loads is not None:
+            # The first pick, with the clock running: the replicas are as they serve (KV tiers, attached
+            # before the clock starts, are there).
+            views = self._views
+            self._index = PrefixIndex(views, self._live_loads) if PrefixIndex.can_index(views) else None
+            self._live_loads = None
+        if self._index is not None and spec.num_hashed_blocks:
+            return self._indexed(spec, self._index)
+        return self._walked(spec)
+
+    def _indexed(self, spec: RequestSpec, index: PrefixIndex) -> int:
+        """``_walked``'s pick with every replica's hit from one walk of the fleet-wide index: all scored (the
+        walks the pruning saves are nearly free here), the best by score, then lower load, then lower id (the
+        index's replicas are in id order: the first of equals)."""
+        num_blocks = spec.num_hashed_blocks
+        loads: list[int] = index.loads[:]  # as they are now: the syncs below may finish requests
+        max_load = 0
+        for load in loads:  # (compiled, a native loop; the builtin max compares objects)
+            if load > max_load:
+                max_load = load
+        prefix_weight = self._prefix_weight
+        load_weight = self._load_weight
+        hashes = spec.known_hashes
+        lookup = spec.num_lookup_blocks
+        hits = index.matches(hashes, lookup)
+        known = len(hashes)
+        best = -1
+        best_score = 0.0
+        best_load = 0
+        for i in range(len(loads)):
+            found = hits[i]
+            # A walk that used up the values held: the rest derived, and asked again (as ``_match``).
+            cached = found if found != known or known >= lookup else index.match(i, spec.block_hashes, lookup)
+            hit = cached / num_blocks
+            load = loads[i]
+            norm_load = load / max_load if max_load > 0 else 0.0
+            score = prefix_weight * hit - load_weight * norm_load
+            if best < 0 or score > best_score or (score == best_score and load < best_load):
+                best = i
+                best_score = score
+                best_load = load
+        return best
+
+    def _walked(self, spec: RequestSpec) -> int:
         """The index of the view ``scores`` ranks first (ties by lower load, then lower replica id), with
         fewer cache walks: replicas are visited by rising load, and one whose score could not reach the best
         so far even with the whole prompt cached is not walked. Its score is at most

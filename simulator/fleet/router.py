@@ -339,8 +339,9 @@ class PrefixAwareRouter:
         return PrefixAwareRoute(views, self._prefix_weight, self._load_weight)(spec, now_s)
 
     def live_route(self, views: LiveViews) -> RouteFn:
-        """``choose`` on live views (index = replica id), as one call (``PrefixAwareRoute``)."""
-        return PrefixAwareRoute(views, self._prefix_weight, self._load_weight)
+        """``choose`` on live views (index = replica id), as one call (``PrefixAwareRoute``): on replicas
+        without KV tiers, with one walk of a fleet-wide index for all of them (``fleet.prefix_index``)."""
+        return PrefixAwareRoute(views, self._prefix_weight, self._load_weight, live_loads=views.loads)
 
 
 class WeightedLeastRequestsRouter:

@@ -226,10 +226,16 @@ def test_prefix_hit_capped_below_the_last_token() -> None:
 class BlockPoolMachine(RuleBasedStateMachine):
     """Random allocate / free / cache / touch sequences against a plain model of refs and queue order."""
 
-    @initialize(num_blocks=st.integers(1, 12), caching=st.booleans(), unhashed_first=st.booleans())
-    def setup(self, num_blocks: int, caching: bool, unhashed_first: bool) -> None:
+    @initialize(num_blocks=st.integers(1, 12), caching=st.booleans(), unhashed_first=st.booleans(),
+                share=st.booleans())
+    def setup(self, num_blocks: int, caching: bool, unhashed_first: bool, share: bool) -> None:
         # caching off has its own free path
         self.pool = BlockPool(num_blocks, enable_caching=caching, unhashed_first=unhashed_first)
+        # A fleet-wide index (``share_index``) it mirrors its own into, holding another pool's hashes too: the
+        # pool's bit must follow its index exactly and leave the other's alone.
+        self.shared: dict[int, int] | None = {h: OTHER_POOL for h in range(1, 6)} if share else None
+        if self.shared is not None:
+            self.pool.share_index(self.shared, THIS_POOL)
         self.holders: list[list[int]] = []  # each holder: block ids it references, in order
         self.model_queue = list(range(num_blocks))
         self.model_cache: dict[int, int] = {}
@@ -355,6 +361,33 @@ class BlockPoolMachine(RuleBasedStateMachine):
         assert self.pool.cached == self.model_cache
         assert self.pool._copies == self.model_copies
         assert all(self.pool.block_hash(b) == h for h, b in self.pool.cached.items())
+        if self.shared is not None:
+            assert {h for h, mask in self.shared.items() if mask & THIS_POOL} == set(self.pool.cached)
+            assert {h for h, mask in self.shared.items() if mask & OTHER_POOL} == set(range(1, 6))
+            assert all(mask & ~(THIS_POOL | OTHER_POOL) == 0 and mask for mask in self.shared.values())
+
+
+THIS_POOL = 1 << 2
+OTHER_POOL = 1 << 7
+"""Bits of the pool under test and of another pool in a shared index."""
+
+
+def test_a_pool_shares_its_index_once_with_a_power_of_two() -> None:
+    pool = BlockPool(4)
+    first, second = pool.get_new_blocks(1), pool.get_new_blocks(1)
+    pool.cache_blocks(first, (11,))  # cached before sharing: mirrored as the pool joins
+    shared: dict[int, int] = {11: 1, 12: 1}
+    with pytest.raises(ValueError, match="power of two"):
+        pool.share_index(shared, 3)
+    pool.share_index(shared, 2)
+    assert shared == {11: 3, 12: 1} and pool.shares_index
+    with pytest.raises(ValueError, match="already"):
+        pool.share_index({}, 4)
+    pool.cache_blocks(second, (12,))
+    assert shared == {11: 3, 12: 3}
+    pool.free_blocks(first + second)
+    pool.get_new_blocks(4)  # evicts both: the other pool's bits stay
+    assert shared == {11: 1, 12: 1}
 
 
 TestBlockPool = BlockPoolMachine.TestCase

@@ -22,6 +22,7 @@ from simulator import native
 from simulator.core import block_pool
 from simulator.core.kv_manager import KVManager
 from simulator.core.request import HashTail, Request, RequestSpec, splitmix64
+from simulator.fleet.prefix_index import indexed_lengths
 
 BS = 4
 SYS = 2
@@ -44,9 +45,14 @@ class ChainMachine(TwinKVMachine):
     """Sessions' turns arrive (a turn may come while the previous one still runs), are admitted with their
     prefix hits, compute, produce, finish, are preempted and re-admitted, or retried as new requests."""
 
-    @initialize(num_blocks=st.integers(8, 48))
-    def setup(self, num_blocks: int) -> None:
+    @initialize(num_blocks=st.integers(8, 48), share=st.booleans())
+    def setup(self, num_blocks: int, share: bool = True) -> None:
         self.twins = (KVManager(num_blocks, BS), KVManager(num_blocks, BS))  # chained, reference
+        self.shared: dict[int, int] | None = {} if share else None
+        """The twins' indexes mirrored into one, as a fleet-wide index holds its replicas' (bits 1 and 2)."""
+        if self.shared is not None:
+            for r, kv in enumerate(self.twins):
+                kv.pool.share_index(self.shared, 1 << r)
         self.running: dict[int, Pair] = {}
         self.waiting: dict[int, Pair] = {}
         self.sessions: dict[int, tuple[int, int, bool]] = {}
@@ -142,7 +148,15 @@ class ChainMachine(TwinKVMachine):
             if ended:
                 continue
             hashes = _hashes(family, session, tokens // BS)
-            assert self.twins[0].prefix_match_blocks(hashes) == self.twins[1].prefix_match_blocks(hashes)
+            walked = [kv.prefix_match_blocks(hashes) for kv in self.twins]
+            assert walked[0] == walked[1]
+            if self.shared is not None:  # one walk of the shared index answers both walks
+                found = indexed_lengths(self.shared, 2, hashes)
+                assert [kv.chain_match(hashes, n) for kv, n in zip(self.twins, found, strict=True)] == walked
+        if self.shared is not None:
+            for r, kv in enumerate(self.twins):
+                assert {h for h, mask in self.shared.items() if mask >> r & 1} == set(kv.pool.cached)
+            assert all(self.shared.values())
 
     def teardown(self) -> None:
         _TAKES.append(self.takes)
