@@ -6,6 +6,7 @@ no prefix cache. Replicas with KV tiers are walked one by one (their hits count 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,14 +64,20 @@ def _run(raw: dict[str, Any], overrides: list[str], *, indexed: bool,
     return result, shares
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+EXAMPLES = int(os.environ.get("FLEETSIM_FUZZ_EXAMPLES", "12"))
+"""Scenarios drawn (each run twice, ~300 requests): a long round with ``FLEETSIM_FUZZ_EXAMPLES=500``."""
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(replicas=st.integers(2, 6), num_blocks=st.sampled_from([None, 120, 300]), fast=st.booleans(),
-       async_scheduling=st.booleans(), block_size=st.sampled_from([8, 16]))
+       async_scheduling=st.booleans(), block_size=st.sampled_from([8, 16]),
+       weights=st.sampled_from([(1.0, 2.0), (1.0, 0.5), (3.0, 0.2), (0.5, 4.0)]))
 def test_an_indexed_fleet_routes_as_one_whose_replicas_are_each_walked(
         replicas: int, num_blocks: int | None, fast: bool, async_scheduling: bool, block_size: int,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        weights: tuple[float, float], monkeypatch: pytest.MonkeyPatch) -> None:
     raw = _sessions(300, replicas, num_blocks, async_scheduling=async_scheduling)
     raw["engine"].setdefault("kv", {})["block_size"] = block_size
+    raw["router"].update(prefix_weight=weights[0], load_weight=weights[1])
     overrides = [f"simulation.fast_path={str(fast).lower()}"]
     indexed, shares = _run(raw, overrides, indexed=True, monkeypatch=monkeypatch)
     walked, walked_shares = _run(raw, overrides, indexed=False, monkeypatch=monkeypatch)
