@@ -55,10 +55,6 @@ class PrefixIndex:
         """Replica ``r``'s own ``prefix_match_blocks`` (a walk of its cache alone)."""
         return self._replicas[r].prefix_match_blocks(block_hashes, num_blocks)
 
-    def __len__(self) -> int:
-        """Hashes indexed by at least one replica."""
-        return len(self._index)
-
     def matches(self, block_hashes: tuple[Any, ...], num_blocks: int | None = None) -> list[int]:
         """Every replica's ``prefix_match_blocks(block_hashes, num_blocks)``, in replica order (each replica
         synced first, as its own call would)."""
