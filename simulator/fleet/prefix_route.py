@@ -56,12 +56,8 @@ class PrefixAwareRoute:
         max_load = max(loads)
         prefix_weight = self._prefix_weight
         load_weight = self._load_weight
-        result: list[float] = []
-        for i, view in enumerate(views):
-            hit = _match(view, spec) / num_blocks if num_blocks else 0.0
-            norm_load = loads[i] / max_load if max_load > 0 else 0.0
-            result.append(prefix_weight * hit - load_weight * norm_load)
-        return result
+        return [_score(prefix_weight, load_weight, _match(view, spec), num_blocks, loads[i], max_load)
+                for i, view in enumerate(views)]
 
     def __call__(self, spec: RequestSpec, now_s: float) -> int:
         """The index of the view ``scores`` ranks first (ties by lower load, then lower replica id)."""
@@ -97,11 +93,9 @@ class PrefixAwareRoute:
         for i in range(len(loads)):
             found = hits[i]
             # A walk that used up the values held: the rest derived, and asked again (as ``_match``).
-            cached = found if found != known or known >= lookup else index.match(i, spec.block_hashes, lookup)
-            hit = cached / num_blocks
+            cached = index.match(i, spec.block_hashes, lookup) if _used_up(found, known, lookup) else found
             load = loads[i]
-            norm_load = load / max_load if max_load > 0 else 0.0
-            score = prefix_weight * hit - load_weight * norm_load
+            score = _score(prefix_weight, load_weight, cached, num_blocks, load, max_load)
             if best < 0 or score > best_score or (score == best_score and load < best_load):
                 best = i
                 best_score = score
@@ -134,8 +128,7 @@ class PrefixAwareRoute:
             if best >= 0 and prefix_weight * top_hit - load_weight * norm_load < best_score:
                 break  # even a full hit stays behind the best, and so does every later (busier) one
             view = views[i]
-            hit = _match(view, spec) / num_blocks if num_blocks else 0.0
-            score = prefix_weight * hit - load_weight * norm_load
+            score = _score(prefix_weight, load_weight, _match(view, spec), num_blocks, load, max_load)
             rid = view.replica_id
             if (best < 0 or score > best_score
                     or (score == best_score and (load < best_load or (load == best_load and rid < best_id)))):
@@ -153,6 +146,21 @@ def _match(view: PrefixView, spec: RequestSpec) -> float:
     hashes = spec.known_hashes
     lookup = spec.num_lookup_blocks
     hit = view.prefix_match_blocks(hashes, lookup)
-    if hit == len(hashes) < lookup:
+    if _used_up(hit, len(hashes), lookup):
         hit = view.prefix_match_blocks(spec.block_hashes, lookup)
     return hit
+
+
+def _used_up(found: float, num_known: int, num_lookup: int) -> bool:
+    """Whether a walk that found ``found`` blocks used up the ``num_known`` hash values a spec holds while its
+    lookup reaches further: the rest must be derived and the walk asked again."""
+    return found == num_known < num_lookup
+
+
+def _score(prefix_weight: float, load_weight: float, cached: float, num_blocks: int, load: int,
+           max_load: int) -> float:
+    """A replica's score, the policy's rule written once: ``prefix_weight · cached / num_blocks −
+    load_weight · load / max_load``, each ratio 0 where its denominator is."""
+    hit = cached / num_blocks if num_blocks else 0.0
+    norm_load = load / max_load if max_load > 0 else 0.0
+    return prefix_weight * hit - load_weight * norm_load

@@ -120,6 +120,6 @@ def test_replicas_with_kv_tiers_are_walked_one_by_one(monkeypatch: pytest.Monkey
     assert shares == [False, False]
 
 
-def test_an_index_refuses_views_that_are_not_its_replicas() -> None:
+def test_an_index_of_no_replicas_is_refused() -> None:
     with pytest.raises(ValueError, match="without KV tiers"):
         PrefixIndex([], [])
