@@ -7,6 +7,12 @@ about an eighth of the instructions (see ``benchmarks/sim_speed.py``); its hotte
 ``i64`` (mypyc's machine integers, imported for type checking only: plain ints in Python). Nothing else
 changes: results are identical (a test builds it and compares).
 
+With GCC the build is profile-guided, as CPython's own release builds are: compiled instrumented, run on a
+mix of small simulations (``simulator.native_training``), compiled again laid out for the branches that run
+took; the modules' functions call each other directly rather than through the dynamic linker
+(``_LINK_LOCAL_FLAGS``). Together about 1.2x faster than a plain build (``FLEETSIM_NATIVE_PGO=0`` makes
+a plain one, in a third of the time).
+
 The build lands in a cache folder named by a digest of those sources and of the interpreter. At import,
 ``simulator`` loads the compiled modules only if a build of exactly the files on disk exists; after any
 edit it runs pure Python until rebuilt, so a stale binary can never run. ``FLEETSIM_PURE_PYTHON=1``
@@ -60,6 +66,16 @@ MODULES = (
 
 PURE_ENV = "FLEETSIM_PURE_PYTHON"
 CACHE_ENV = "FLEETSIM_NATIVE_CACHE"
+PGO_ENV = "FLEETSIM_NATIVE_PGO"
+"""Set to 0 to build without the profile-guided pass (one compile, about a minute, slower code)."""
+BUILD_RECIPE = "flags-1"
+"""How a build is made (compiler flags, the profile-guided pass), part of a build's digest: a change to it
+leaves earlier builds unused rather than running code made the old way."""
+_LINK_LOCAL_FLAGS = ("-fno-semantic-interposition", "-fvisibility=hidden")
+"""GCC and clang flags for the compiled modules: their functions call each other directly (and may be
+inlined) rather than through the dynamic linker's tables, which a shared library's exported functions
+otherwise need; only the modules' init functions, which CPython marks exported, stay visible. The
+simulated results are the same (no floating-point option changes)."""
 _MANIFEST = "manifest.json"
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 """The folder holding the ``simulator`` package."""
@@ -77,14 +93,15 @@ def source_digest() -> str:
     """Digest of the compiled modules' sources and the interpreter: names the build that matches them."""
     h = hashlib.sha256()
     h.update(sys.implementation.cache_tag.encode())
-    h.update(_ext_suffix().encode())
+    h.update(extension_suffix().encode())
+    h.update(BUILD_RECIPE.encode())
     for module in MODULES:
         h.update(module.encode())
         h.update(_source(module).read_bytes())
     return h.hexdigest()[:20]
 
 
-def _ext_suffix() -> str:
+def extension_suffix() -> str:
     """The interpreter's extension-module suffix (sysconfig's EXT_SUFFIX; the import system lists it first,
     without importing sysconfig at every start)."""
     return importlib.machinery.EXTENSION_SUFFIXES[0]
@@ -213,13 +230,16 @@ def _load() -> bool:
     return True
 
 
-def build(progress: Callable[[str], None] = print) -> Path:
+def build(progress: Callable[[str], None] = print, *, profile_guided: bool | None = None) -> Path:
     """Compile ``MODULES`` with mypyc into the cache folder for the current sources; returns it.
 
     The whole ``simulator`` package is copied to a scratch folder (mypyc type-checks the compiled modules
-    against their imports), compiled there, and only the extension files are kept."""
+    against their imports), compiled there, and only the extension files are kept. With GCC (the compiler
+    CPython names) the build is profile-guided unless ``profile_guided`` is False or ``PGO_ENV`` is 0:
+    compiled once instrumented, run on ``simulator.native_training``, compiled again with what that run
+    measured; if any of that fails it says why and compiles once without it. A profile changes only how the
+    C is laid out and inlined, never what it computes."""
     import shutil  # here, not at import: every run imports this module, few build
-    import subprocess
     import sysconfig
     import tempfile
 
@@ -231,28 +251,33 @@ def build(progress: Callable[[str], None] = print) -> Path:
     if importlib.util.find_spec("mypyc") is None:
         raise NativeBuildError("mypyc is not installed (pip install 'fleetsim[native]')")
     try:
-        _ensure(cache_root())  # before a minute of compiling: the cache must be writable
+        _ensure(cache_root())  # before minutes of compiling: the cache must be writable
     except OSError as err:
         raise NativeBuildError(f"cannot create the build cache {cache_root()}: {err.strerror or err}") from None
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    if shutil.which(compiler) is None:
+    compiler_path = shutil.which(compiler)
+    if compiler_path is None:
         raise NativeBuildError(f"no C compiler ({compiler}) found: mypyc needs the one Python was built with")
+    family = _compiler_family(compiler_path)
+    flags = list(_LINK_LOCAL_FLAGS) if family in ("gcc", "clang") else []
+    if profile_guided is None:
+        profile_guided = os.environ.get(PGO_ENV, "") != "0"
+    guided = profile_guided and family == "gcc"
+    if profile_guided and not guided:
+        progress(f"not profile-guided: that needs GCC, and the C compiler is {family} ({compiler})")
     with tempfile.TemporaryDirectory(prefix="fleetsim-native-") as scratch:
-        work = Path(scratch)
+        work = Path(scratch) / "src"
         shutil.copytree(_PACKAGE_ROOT / "simulator", work / "simulator",
                         ignore=shutil.ignore_patterns("__pycache__", "*.so"))
         sources = [str(Path(*m.split(".")).with_suffix(".py")) for m in MODULES]
-        progress(f"compiling {len(sources)} modules with mypyc (about a minute)...")
-        # The scratch copy has no pyproject.toml: a third-party package without type information is
-        # compiled as an untyped object rather than failing the build.
-        done = subprocess.run([sys.executable, "-m", "mypyc", "--ignore-missing-imports", *sources], cwd=work,
-                              capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
-            raise NativeBuildError("mypyc failed: " + " | ".join(tail))
+        if guided:
+            guided = _profile(work, sources, flags, Path(scratch), progress)
+        if not guided:
+            progress(f"compiling {len(sources)} modules with mypyc (about a minute)...")
+            _mypyc(work, sources, flags)
         staging = Path(tempfile.mkdtemp(prefix=f"{digest}-", dir=_ensure(cache_root())))
         files: dict[str, str] = {}
-        suffix = _ext_suffix()
+        suffix = extension_suffix()
         for so in work.rglob(f"*{suffix}"):
             rel = so.relative_to(work)
             if rel.parts[0] == "build":
@@ -265,13 +290,95 @@ def build(progress: Callable[[str], None] = print) -> Path:
         if missing:
             shutil.rmtree(staging, ignore_errors=True)
             raise NativeBuildError(f"mypyc produced no extension for {', '.join(sorted(missing))}")
-        (staging / _MANIFEST).write_text(json.dumps({"digest": digest, "files": files}, indent=1))
+        manifest = {"digest": digest, "files": files, "profile_guided": guided, "cflags": flags}
+        (staging / _MANIFEST).write_text(json.dumps(manifest, indent=1))
         try:
             staging.rename(target)  # atomic: a concurrent build of the same sources may have won
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)
-    progress(f"built: {target}")
+    progress(f"built{' (profile-guided)' if guided else ''}: {target}")
     return target
+
+
+def _compiler_family(path: str) -> str:
+    """``gcc``, ``clang`` or ``unknown``: what ``path --version`` says it is."""
+    import subprocess
+
+    try:
+        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    text = done.stdout.lower()
+    if "clang" in text:
+        return "clang"  # (Apple's ``gcc`` is clang: it says so)
+    if "free software foundation" in text or "gcc" in text:
+        return "gcc"
+    return "unknown"
+
+
+def _mypyc(work: Path, sources: list[str], cflags: list[str]) -> None:
+    """Run mypyc on ``sources`` in ``work``, its C compiled with ``cflags`` added (setuptools appends
+    ``CFLAGS`` to the compile and the link); every earlier output there is removed first."""
+    import shutil
+    import subprocess
+
+    shutil.rmtree(work / "build", ignore_errors=True)
+    for so in work.rglob(f"*{extension_suffix()}"):
+        so.unlink()
+    env = {**os.environ, "CFLAGS": " ".join([os.environ.get("CFLAGS", ""), *cflags]).strip()}
+    # The scratch copy has no pyproject.toml: a third-party package without type information is compiled as
+    # an untyped object rather than failing the build.
+    done = subprocess.run([sys.executable, "-m", "mypyc", "--ignore-missing-imports", *sources], cwd=work,
+                          env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
+        raise NativeBuildError("mypyc failed: " + " | ".join(tail))
+
+
+def _profile(work: Path, sources: list[str], flags: list[str], scratch: Path,
+             progress: Callable[[str], None]) -> bool:
+    """The profile-guided build in ``work``: instrumented, trained, compiled again with the profile.
+    False (having said why) when a step other than the final compile fails: the caller then compiles plainly.
+    The second compile reads the profile by object file path, so both run in the same folder."""
+    import shutil
+    import subprocess
+
+    profile = scratch / "profile"
+    progress(f"compiling {len(sources)} modules with mypyc, instrumented (1 of 2; about three minutes in all)...")
+    _mypyc(work, sources, [*flags, f"-fprofile-generate={profile}", "-fprofile-update=single"])
+    data = _PACKAGE_ROOT / "calibration"
+    if data.is_dir():  # the shipped profiles and engine, GPU and link tables, found beside the package
+        try:
+            (work / "calibration").symlink_to(data, target_is_directory=True)
+        except OSError:
+            shutil.copytree(data, work / "calibration", ignore=shutil.ignore_patterns("__pycache__"))
+    progress("training it on a mix of small simulations (simulator.native_training)...")
+    env = {k: v for k, v in os.environ.items() if k not in (PURE_ENV, AUTO_ENV, "PYTHONPATH")}
+    env[CACHE_ENV] = str(scratch / "no-build")  # so the instrumented modules beside the sources load
+    env[NOTICE_ENV] = "1"
+    try:
+        done = subprocess.run([sys.executable, "-m", "simulator.native_training"], cwd=work, env=env,
+                              capture_output=True, text=True, timeout=1800, check=False)
+    except (OSError, subprocess.SubprocessError) as err:
+        progress(f"training failed ({err}): compiling without a profile")
+        return False
+    if done.returncode != 0 or not any(profile.rglob("*.gcda")):
+        tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["no profile written"]
+        progress(f"training failed ({tail[0]}): compiling without a profile")
+        return False
+    progress(f"compiling {len(sources)} modules with mypyc, with the profile (2 of 2)...")
+    _mypyc(work, sources, [*flags, f"-fprofile-use={profile}", "-fprofile-partial-training",
+                           "-Wno-missing-profile", "-Wno-coverage-mismatch"])
+    return True
+
+
+def build_kind(folder: Path) -> str:
+    """`` (profile-guided)`` for a build folder whose manifest says so, else empty (for status lines)."""
+    try:
+        manifest = json.loads((folder / _MANIFEST).read_text())
+    except (OSError, ValueError):
+        return ""
+    return " (profile-guided)" if isinstance(manifest, dict) and manifest.get("profile_guided") else ""
 
 
 def _ensure(folder: Path) -> Path:

@@ -37,6 +37,7 @@ LAYERS: dict[str, int] = {
     "simulator.variant_workers": 5,
     "simulator.simulation": 6,
     "simulator.planning": 7,
+    "simulator.native_training": 7,  # runs simulations; the build starts it as a process, never imports it
     "simulator.cli": 8,
     "simulator.api": 8,
     "calibration": 9,

@@ -101,7 +101,14 @@ def test_compiled_build_gives_identical_results(tmp_path: Path) -> None:
     # Built on first use (the opt-in), then loaded by that very process; a later one finds it built.
     first = _run_python("import simulator.native as n; print(n.active())", FLEETSIM_BUILD_NATIVE="1", **env)
     assert first.stdout.strip() == "True"
-    assert "building it now" in first.stderr and "built: " in first.stderr
+    assert "building it now" in first.stderr
+    compiler = shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0])
+    assert compiler is not None
+    # With GCC the build is profile-guided: its training ran on the instrumented modules (a failed one
+    # would say so and fall back to a plain build, which this catches).
+    guided = native._compiler_family(compiler) == "gcc"
+    assert ("built (profile-guided): " if guided else "built: ") in first.stderr, first.stderr
+    assert "training failed" not in first.stderr
     again = _run_python("import simulator.native as n; print(n.active())", FLEETSIM_BUILD_NATIVE="1", **env)
     assert again.stdout.strip() == "True" and again.stderr == ""
     tests = str(Path(__file__).resolve().parent)
@@ -161,3 +168,112 @@ def test_build_native_into_an_unwritable_cache_is_one_line_and_exit_1(
     assert main(["build-native"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("fleetsim: error: cannot create the build cache") and "\n" not in err
+
+
+class _FakeBuild:
+    """``native._mypyc`` and the training's and compiler's processes, faked: each compile records its extra
+    flags and leaves an (empty) extension file per module; the training writes a profile or fails."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, compiler: str, training_ok: bool) -> None:
+        self.compiles: list[list[str]] = []
+        self.trainings = 0
+        self.training_ok = training_ok
+        self.compiler = compiler
+        monkeypatch.setattr(native, "_mypyc", self._mypyc)
+        monkeypatch.setattr(subprocess, "run", self._run)
+        monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/" + name)
+
+    def _mypyc(self, work: Path, sources: list[str], cflags: list[str]) -> None:
+        self.compiles.append(list(cflags))
+        for module in native.MODULES:
+            so = work.joinpath(*module.split(".")).with_name(module.split(".")[-1] + native.extension_suffix())
+            so.write_bytes(b"")
+
+    def _run(self, command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        if command[1:] == ["--version"]:
+            return subprocess.CompletedProcess(command, 0, self.compiler, "")
+        assert command[1:] == ["-m", "simulator.native_training"]
+        self.trainings += 1
+        env = kwargs["env"]
+        assert isinstance(env, dict) and native.PURE_ENV not in env and native.AUTO_ENV not in env
+        profile = next(flag for flag in self.compiles[-1] if flag.startswith("-fprofile-generate="))
+        if not self.training_ok:
+            return subprocess.CompletedProcess(command, 1, "", "native training: boom")
+        folder = Path(profile.split("=", 1)[1])
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "x.gcda").write_bytes(b"")
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+
+def _manifest(folder: Path) -> dict[str, object]:
+    loaded = json.loads((folder / "manifest.json").read_text())
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def test_a_gcc_build_is_instrumented_trained_and_compiled_again_with_the_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEETSIM_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.delenv(native.PGO_ENV, raising=False)
+    fake = _FakeBuild(monkeypatch, compiler="gcc (Debian 12.2.0-14) 12.2.0\nFree Software Foundation", training_ok=True)
+    said: list[str] = []
+    folder = native.build(progress=said.append)
+    assert fake.trainings == 1 and len(fake.compiles) == 2
+    generate, use = fake.compiles
+    profile = next(f for f in generate if f.startswith("-fprofile-generate=")).split("=", 1)[1]
+    assert f"-fprofile-use={profile}" in use and "-fprofile-partial-training" in use
+    for flags in fake.compiles:
+        assert flags[:2] == list(native._LINK_LOCAL_FLAGS)
+    assert _manifest(folder)["profile_guided"] is True and native.build_kind(folder) == " (profile-guided)"
+    assert said[-1] == f"built (profile-guided): {folder}"
+
+
+def test_a_failed_training_says_why_and_compiles_once_without_a_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEETSIM_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.delenv(native.PGO_ENV, raising=False)
+    fake = _FakeBuild(monkeypatch, compiler="gcc (GCC) 13.1.0", training_ok=False)
+    said: list[str] = []
+    folder = native.build(progress=said.append)
+    assert fake.trainings == 1 and len(fake.compiles) == 2
+    assert fake.compiles[1] == list(native._LINK_LOCAL_FLAGS)  # the plain compile: no profile flag
+    assert any(line.startswith("training failed (native training: boom)") for line in said)
+    assert _manifest(folder)["profile_guided"] is False and native.build_kind(folder) == ""
+    assert said[-1] == f"built: {folder}"
+
+
+@pytest.mark.parametrize(("compiler", "pgo_env", "asked", "flags"), [
+    ("Apple clang version 15.0.0", "", None, list(native._LINK_LOCAL_FLAGS)),  # PGO is GCC's here
+    ("gcc (GCC) 13.1.0", "0", None, list(native._LINK_LOCAL_FLAGS)),  # FLEETSIM_NATIVE_PGO=0
+    ("gcc (GCC) 13.1.0", "", False, list(native._LINK_LOCAL_FLAGS)),  # build-native --no-pgo
+    ("icx (Intel oneAPI)", "", None, []),  # an unknown compiler: none of the flags
+])
+def test_a_plain_build_is_one_compile_without_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiler: str, pgo_env: str, asked: bool | None,
+    flags: list[str]
+) -> None:
+    monkeypatch.setenv("FLEETSIM_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.setenv(native.PGO_ENV, pgo_env)
+    fake = _FakeBuild(monkeypatch, compiler=compiler, training_ok=True)
+    folder = native.build(progress=lambda line: None, profile_guided=asked)
+    assert fake.trainings == 0 and fake.compiles == [flags]
+    assert _manifest(folder)["profile_guided"] is False
+
+
+def test_every_training_scenario_loads_and_the_mix_spans_the_shapes_people_simulate() -> None:
+    """The training (run for real by the compiled-build test above) is a valid scenario each, one of each
+    shape: chat, sessions routed both ways, preemptions, the step-by-step path, speculation, pools, tiers."""
+    from simulator import native_training
+    from simulator.scenario import load_mapping
+
+    labels = []
+    for label, raw, overrides in native_training.scenarios():
+        load_mapping(raw, overrides)
+        labels.append(label)
+    assert len(set(labels)) == len(labels)
+    text = " ".join(labels)
+    for shape in ("chat", "session affinity", "prefix-aware", "overloaded", "step by step", "speculative",
+                  "pools", "tiers"):
+        assert shape in text
