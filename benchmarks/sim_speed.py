@@ -308,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         return compare([a for a in argv if a != "--compare"])
     fast = ([] if not args.step_by_step else ["simulation.fast_path=false"]) + args.overrides
     options = (fast, args.events, args.instructions)
-    build = "compiled with mypyc (fleetsim build-native)" if native.active() else "pure Python"
+    loaded = native.loaded_from()
+    build = (f"compiled with mypyc{native.build_kind(loaded)} (fleetsim build-native)" if loaded is not None
+             else "pure Python")
     print(f"hot path: {build}; Python {sys.version.split()[0]}", flush=True)
     # Read the trace and warm every code path once, untimed: a small case's figure should be the
     # simulation's, not the trace parse a long run amortises (each case runs in a child that inherits it).
