@@ -271,10 +271,22 @@ def build(progress: Callable[[str], None] = print, *, profile_guided: bool | Non
                         ignore=shutil.ignore_patterns("__pycache__", "*.so"))
         sources = [str(Path(*m.split(".")).with_suffix(".py")) for m in MODULES]
         if guided:
-            guided = _profile(work, sources, flags, Path(scratch), progress)
+            try:
+                guided = _profile(work, sources, flags, Path(scratch), progress)
+            except NativeBuildError as err:
+                progress(f"profile-guided build failed ({err}): compiling without a profile")
+                guided = False
         if not guided:
             progress(f"compiling {len(sources)} modules with mypyc (about a minute)...")
-            _mypyc(work, sources, flags)
+            try:
+                _mypyc(work, sources, flags)
+            except NativeBuildError as err:
+                if not flags:
+                    raise
+                # An older compiler that refuses one of them: the flags only make the code faster.
+                progress(f"compiling with {' '.join(flags)} failed ({err}): compiling without them")
+                flags = []
+                _mypyc(work, sources, flags)
         staging = Path(tempfile.mkdtemp(prefix=f"{digest}-", dir=_ensure(cache_root())))
         files: dict[str, str] = {}
         suffix = extension_suffix()

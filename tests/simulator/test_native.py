@@ -174,10 +174,13 @@ class _FakeBuild:
     """``native._mypyc`` and the training's and compiler's processes, faked: each compile records its extra
     flags and leaves an (empty) extension file per module; the training writes a profile or fails."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, compiler: str, training_ok: bool) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, compiler: str, training_ok: bool,
+                 refused: str = "") -> None:
         self.compiles: list[list[str]] = []
         self.trainings = 0
         self.training_ok = training_ok
+        self.refused = refused
+        """A flag the fake compiler refuses (the compile fails), if any."""
         self.compiler = compiler
         monkeypatch.setattr(native, "_mypyc", self._mypyc)
         monkeypatch.setattr(subprocess, "run", self._run)
@@ -185,6 +188,8 @@ class _FakeBuild:
 
     def _mypyc(self, work: Path, sources: list[str], cflags: list[str]) -> None:
         self.compiles.append(list(cflags))
+        if self.refused and self.refused in cflags:
+            raise native.NativeBuildError(f"mypyc failed: error: unknown argument: '{self.refused}'")
         for module in native.MODULES:
             so = work.joinpath(*module.split(".")).with_name(module.split(".")[-1] + native.extension_suffix())
             so.write_bytes(b"")
@@ -277,3 +282,20 @@ def test_every_training_scenario_loads_and_the_mix_spans_the_shapes_people_simul
     for shape in ("chat", "session affinity", "prefix-aware", "overloaded", "step by step", "speculative",
                   "pools", "tiers"):
         assert shape in text
+
+
+@pytest.mark.parametrize("refused", ["-fprofile-update=single", "-fno-semantic-interposition"])
+def test_a_compiler_refusing_a_flag_gets_a_build_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused: str
+) -> None:
+    """An older compiler refusing the instrumentation drops the profile; one refusing the link-local flags
+    gets none of them: either way a working build, and the reason said."""
+    monkeypatch.setenv("FLEETSIM_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.delenv(native.PGO_ENV, raising=False)
+    fake = _FakeBuild(monkeypatch, compiler="gcc (GCC) 7.5.0", training_ok=True, refused=refused)
+    said: list[str] = []
+    folder = native.build(progress=said.append)
+    assert fake.trainings == 0
+    assert refused not in fake.compiles[-1] and _manifest(folder)["cflags"] == fake.compiles[-1]
+    assert any(f"unknown argument: '{refused}'" in line for line in said)
+    assert said[-1] == f"built: {folder}"
