@@ -91,6 +91,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                               "faster, same results)")
     p.add_argument("--status", action="store_true", help="only say whether a build for these sources exists")
     p.add_argument("--no-pgo", action="store_true",
-                   help="one plain compile (about a minute) rather than the profile-guided build (about three, "
-                        "~1.2x faster code; GCC only); also FLEETSIM_NATIVE_PGO=0")
+                   help="one compile without a profile (about a minute) rather than the profile-guided build "
+                        "(about three; ~1.1x faster code; GCC only); also FLEETSIM_NATIVE_PGO=0")
     p.set_defaults(func=cmd_build_native)

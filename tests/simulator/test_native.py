@@ -174,8 +174,13 @@ class _FakeBuild:
     """``native._mypyc`` and the training's and compiler's processes, faked: each compile records its extra
     flags and leaves an (empty) extension file per module; the training writes a profile or fails."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, compiler: str, training_ok: bool,
-                 refused: str = "") -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, cache: Path, *, compiler: str, training_ok: bool,
+                 refused: str = "", pgo_env: str | None = None) -> None:
+        monkeypatch.setenv("FLEETSIM_NATIVE_CACHE", str(cache))
+        if pgo_env is None:
+            monkeypatch.delenv(native.PGO_ENV, raising=False)
+        else:
+            monkeypatch.setenv(native.PGO_ENV, pgo_env)
         self.compiles: list[list[str]] = []
         self.trainings = 0
         self.training_ok = training_ok
@@ -219,9 +224,8 @@ def _manifest(folder: Path) -> dict[str, object]:
 def test_a_gcc_build_is_instrumented_trained_and_compiled_again_with_the_profile(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FLEETSIM_NATIVE_CACHE", str(tmp_path))
-    monkeypatch.delenv(native.PGO_ENV, raising=False)
-    fake = _FakeBuild(monkeypatch, compiler="gcc (Debian 12.2.0-14) 12.2.0\nFree Software Foundation", training_ok=True)
+    fake = _FakeBuild(monkeypatch, tmp_path, compiler="gcc (Debian 12.2.0-14) 12.2.0\nFree Software Foundation",
+                      training_ok=True)
     said: list[str] = []
     folder = native.build(progress=said.append)
     assert fake.trainings == 1 and len(fake.compiles) == 2
@@ -237,9 +241,7 @@ def test_a_gcc_build_is_instrumented_trained_and_compiled_again_with_the_profile
 def test_a_failed_training_says_why_and_compiles_once_without_a_profile(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FLEETSIM_NATIVE_CACHE", str(tmp_path))
-    monkeypatch.delenv(native.PGO_ENV, raising=False)
-    fake = _FakeBuild(monkeypatch, compiler="gcc (GCC) 13.1.0", training_ok=False)
+    fake = _FakeBuild(monkeypatch, tmp_path, compiler="gcc (GCC) 13.1.0", training_ok=False)
     said: list[str] = []
     folder = native.build(progress=said.append)
     assert fake.trainings == 1 and len(fake.compiles) == 2
@@ -259,9 +261,7 @@ def test_a_plain_build_is_one_compile_without_training(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiler: str, pgo_env: str, asked: bool | None,
     flags: list[str]
 ) -> None:
-    monkeypatch.setenv("FLEETSIM_NATIVE_CACHE", str(tmp_path))
-    monkeypatch.setenv(native.PGO_ENV, pgo_env)
-    fake = _FakeBuild(monkeypatch, compiler=compiler, training_ok=True)
+    fake = _FakeBuild(monkeypatch, tmp_path, compiler=compiler, training_ok=True, pgo_env=pgo_env)
     folder = native.build(progress=lambda line: None, profile_guided=asked)
     assert fake.trainings == 0 and fake.compiles == [flags]
     assert _manifest(folder)["profile_guided"] is False
@@ -290,9 +290,7 @@ def test_a_compiler_refusing_a_flag_gets_a_build_without_it(
 ) -> None:
     """An older compiler refusing the instrumentation drops the profile; one refusing the link-local flags
     gets none of them: either way a working build, and the reason said."""
-    monkeypatch.setenv("FLEETSIM_NATIVE_CACHE", str(tmp_path))
-    monkeypatch.delenv(native.PGO_ENV, raising=False)
-    fake = _FakeBuild(monkeypatch, compiler="gcc (GCC) 7.5.0", training_ok=True, refused=refused)
+    fake = _FakeBuild(monkeypatch, tmp_path, compiler="gcc (GCC) 7.5.0", training_ok=True, refused=refused)
     said: list[str] = []
     folder = native.build(progress=said.append)
     assert fake.trainings == 0
