@@ -151,8 +151,6 @@ class BlockPool:
         """Blocks marked private: cached, but not in the index (``cache_range``)."""
         self._num_in_runs = 0
         """Free blocks in runs (``free_marked_table``)."""
-        self._run_offset = 0
-        """Blocks already handed out of the run at the head of ``_freed`` (0 when the head is a block)."""
         self._copies: dict[int, list[int]] = {}
         """Hash -> further blocks holding it, oldest first (vLLM indexes duplicate copies too)."""
         self.copies_made = 0
@@ -281,22 +279,20 @@ class BlockPool:
         freed: list[Any] = self._freed
         i: i64 = self._freed_head
         count: i64 = len(freed)
-        offset = self._run_offset
         while i < count:
             held = freed[i]
             if isinstance(held, list):
-                part = held[offset:] if offset else held
+                # A run is what is left of it (it is cut as it is handed out, last block first).
                 if flatten:
-                    live.extend(part)
-                elif part:  # a run a later request took over (``take_run``) is empty: no entry any more
-                    live.append(part)
+                    live.extend(held[::-1])
+                elif held:  # a run a later request took over (``take_run``) is empty: no entry any more
+                    live.append(held)
             else:
                 block_id: int = held
                 left = counts[block_id] - 1
                 counts[block_id] = left
                 if left == 0 and ref[block_id] == 0:
                     live.append(held)
-            offset = 0
             i += 1
         return live
 
@@ -439,18 +435,12 @@ class BlockPool:
         freed: list[Any] = self._freed
         head: i64 = self._freed_head
         held = freed[head]
-        if isinstance(held, list) and len(held) > self._run_offset:
+        if isinstance(held, list) and held:
             # A run of marked blocks at the head (the usual case once a pool of finished requests' tables
             # has cycled): its next block, exactly as ``_take_freed`` hands one out, without its set-up.
             run: list[Any] = held
-            offset: i64 = self._run_offset
-            table.append(run[offset])
-            offset += 1
-            if offset < len(run):
-                self._run_offset = offset
-            else:
-                self._run_offset = 0
-                run.clear()
+            table.append(run.pop())
+            if not run:
                 head += 1
                 if head > _COMPACT_SLACK and 2 * head > len(freed):
                     del freed[:head]
@@ -485,25 +475,25 @@ class BlockPool:
         while remaining:
             held = freed[head]
             if isinstance(held, list):
-                # A run of marked blocks: handed out as a slice, each one evicted (nothing to unindex), its
-                # reference count still 1.
+                # A run of marked blocks: handed out last block first, each one evicted (nothing to unindex),
+                # its reference count still 1; what is handed out is cut off the run (C-level moves of the
+                # ids, no reference counted anew but the ones ``given`` takes).
                 run: list[Any] = held
-                offset: i64 = self._run_offset
-                num_taken: i64 = len(run) - offset
+                size: i64 = len(run)
+                num_taken: i64 = size
                 if num_taken > remaining:
                     num_taken = remaining
-                    self._run_offset = offset + num_taken
                 else:
-                    self._run_offset = 0
                     head += 1
-                if offset == 0 and num_taken == len(run):
+                if num_taken == size:
+                    run.reverse()
                     given += run  # the whole run
-                else:
-                    # Part of it, as a slice: two C-level copies beat a compiled append per id (the ids are the
-                    # shared objects, warm: paired 1 h flat 64-replica day, median CPU ratio 0.942).
-                    given += run[offset:offset + num_taken]
-                if not self._run_offset:
                     run.clear()  # all out: its references dropped now, while its ids are in the CPU's caches
+                else:
+                    part = run[size - num_taken:]
+                    del run[size - num_taken:]
+                    part.reverse()
+                    given += part
                 from_runs += num_taken
                 remaining -= num_taken
                 continue
@@ -709,7 +699,9 @@ class BlockPool:
         """``free_table`` for a finished request whose blocks ``table[start:stop]`` are marked (``cache_range``):
         they reach the tail of the queue as one run, in the order ``free_blocks`` would have queued them,
         between the partly filled blocks after them (to the front) and its blocks before them. The pool takes
-        ``table`` over (the caller must not use the list again): the run is the table itself, cut to it.
+        ``table`` over (the caller must not use the list again): the run is the table itself, cut to it, in
+        table order, and handed out from its end (last block first, as ``free_blocks`` queues a table), cut
+        as it goes: a chain's next turn takes what is left in its own order, with no copy to reverse.
         ``pin``: the table's first blocks are the pin's, held through it (``hold``; at most ``start`` of them)."""
         if stop < len(table):
             self._release(table, len(table) - 1, stop - 1, -1)
@@ -726,22 +718,15 @@ class BlockPool:
                 self._release(table, start - 1, len(pin.blocks) - 1, -1)
                 self._let_go(pin)
             del table[:start]
-        table.reverse()
 
     def run_live(self, run: list[int]) -> int:
-        """Blocks of a run (``free_marked_table``) still queued: the run, less what the head has handed out
-        of it when it is at the head (0 once all are out, or taken over: ``take_run``)."""
-        freed: list[Any] = self._freed
-        head = self._freed_head
-        if head < len(freed) and freed[head] is run:
-            return len(run) - self._run_offset
+        """Blocks of a run (``free_marked_table``) still queued: what is left of it (0 once all are out, or
+        taken over: ``take_run``)."""
         return len(run)
 
     def run_blocks(self, run: list[int]) -> list[int]:
-        """The blocks of a run still queued, in the order of their table (the run's reversed)."""
-        live = run[len(run) - self.run_live(run):]
-        live.reverse()
-        return live
+        """The blocks of a run still queued, in the order of their table (the run's own: a copy)."""
+        return list(run)
 
     def take_run(self, run: list[int]) -> int:
         """Take what is left of a run as prefix hits of a later request of its chain (``KVManager``, which
@@ -751,23 +736,21 @@ class BlockPool:
         in the queue, empty, and is passed over."""
         freed: list[Any] = self._freed
         head = self._freed_head
-        offset = 0
         if head < len(freed) and freed[head] is run:
-            offset = self._run_offset
-            self._run_offset = 0
             self._freed_head = head + 1
-        num = len(run) - offset
+        num = len(run)
         run.clear()
         self._num_freed -= num
         self._num_in_runs -= num
         self._num_marked -= num
         return num
 
-    def index_run(self, run: list[int], block_hashes: tuple[int, ...], stop: int) -> None:
+    def index_run(self, run: list[int], block_hashes: tuple[int, ...], start: int) -> None:
         """Index the queued blocks of a run after all (something may look them up through the index now):
-        each becomes a free block of its own, queued where the run is, in the run's order, and indexed under
-        its hash, as if it had been indexed when cached. ``block_hashes`` are the hashes of the run's table
-        and ``stop`` the table position after its last block (the run is ``table[start:stop]`` reversed)."""
+        each becomes a free block of its own, queued where the run is, in the order the run hands them out
+        (last first), and indexed under its hash in that order, as if it had been indexed when cached.
+        ``block_hashes`` are the hashes of the run's table and ``start`` the table position of the run's first
+        block (the run is what is left of ``table[start:stop]``: its first blocks, in table order)."""
         freed: list[Any] = self._freed
         head: i64 = self._freed_head
         position: i64 = head
@@ -776,18 +759,18 @@ class BlockPool:
             position += 1
         if position == count:
             raise ValueError("index_run: the run is not queued")
-        offset = self._run_offset if position == head else 0
-        live: list[Any] = run[offset:]
-        size = len(run)
+        size: i64 = len(run)
         hashes: tuple[Any, ...] = block_hashes
         state_ref = self._ref
         entries = self._entries
         hash_of: list[Any] = self._hash_of
         cached: dict[Any, Any] = self.cached
-        j = offset
-        for held in live:
+        first: i64 = start
+        i: i64 = size - 1
+        while i >= 0:
+            held = run[i]
             block_id: int = held
-            block_hash = hashes[stop - 1 - j]
+            block_hash = hashes[first + i]
             state_ref[block_id] = 0
             entries[block_id] = entries[block_id] + 1
             hash_of[block_id] = block_hash
@@ -796,13 +779,10 @@ class BlockPool:
                 self.copies_made += 1
             elif self._shared is not None:
                 self._share(block_hash)
-            j += 1
-        freed[position:position + 1] = live
-        if position == head:
-            self._run_offset = 0
-        num = size - offset
-        self._num_in_runs -= num
-        self._num_marked -= num
+            i -= 1
+        freed[position:position + 1] = run[::-1]
+        self._num_in_runs -= size
+        self._num_marked -= size
         run.clear()
 
     def _drop_top(self) -> None:
@@ -935,18 +915,12 @@ class BlockPool:
         """Rebuild the freed queue from its live entries, in order (stale entries only cost memory): every
         queued block's entry count drops to zero as they are found, and the live ones' go back to one.
 
-        A run stays the very list it was, the one at the head with what is out of it still counted by
-        ``_run_offset``: a session's chain refers to its run by identity (``run_live``, ``take_run``,
-        ``index_run``), and ``index_run`` maps a run's positions to its table's from the run's start."""
-        offset = self._run_offset
-        head_run = self._freed[self._freed_head] if offset else None  # a part of it is out: the head is a run
+        A run stays the very list it was (what is left of it): a session's chain refers to its run by
+        identity (``run_live``, ``take_run``, ``index_run``)."""
         live = self._take_live(self._entries, flatten=False)
         entries = self._entries
         for held in live:
             if not isinstance(held, list):
                 entries[held] = 1
-        if head_run is not None:
-            live[0] = head_run  # (``_take_live`` lists what is left of it, a new list)
         self._freed = live
         self._freed_head = 0
-        self._run_offset = offset

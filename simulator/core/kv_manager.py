@@ -61,16 +61,16 @@ _PREFIX_WALKS_KEPT: Final = 1024
 class _Chain:
     """A session's chained blocks on one replica (``Request.chain_from``): those of the latest turn to hold
     KV here, from ``start``, marked in the pool rather than indexed. While that turn runs they are in its
-    table; once it finished, in the run it left in the pool's queue (``run``, table positions ``start`` to
-    ``stop``), which the session's next turn here takes over whole as its prefix hits."""
+    table; once it finished, in the run it left in the pool's queue (``run``: what is left of the table's
+    blocks from ``start`` on, in table order), which the session's next turn here takes over whole as its
+    prefix hits."""
 
-    __slots__ = ("holder", "run", "start", "stop")
+    __slots__ = ("holder", "run", "start")
 
     def __init__(self, holder: Request, start: int) -> None:
         self.holder = holder
         self.run: list[int] | None = None
         self.start = start
-        self.stop = 0
 
 
 class KVManager:
@@ -303,7 +303,7 @@ class KVManager:
             self._open_chain(key)  # a walk would stop inside the run: the rest would be copies to find
             self._walk(self._values(request, max_blocks), count, max_blocks, hits)
             return hits
-        hits += self.pool.run_blocks(run)
+        hits += run  # its blocks in table order (``BlockPool.run_blocks`` without the copy)
         self._claim = chain
         self._claimer = request
         self._claimed = live
@@ -336,7 +336,7 @@ class KVManager:
             self._exposed.add(holder.request_id)  # its own blocks are indexed now: its later lives index too
         elif run:
             holder.expose_hashes()
-            self.pool.index_run(run, holder.block_hashes, chain.stop)
+            self.pool.index_run(run, holder.block_hashes, chain.start)
 
     def _sweep_chains(self) -> None:
         """Drop the chains with nothing left (their runs handed out): sessions that did not come back."""
@@ -636,7 +636,6 @@ class KVManager:
                     # here takes over; a last turn's too, for an earlier turn may still come back (preempted,
                     # retried) and carries its first chained hashes.
                     chain.run = blocks
-                    chain.stop = indexed
                     self._chains[key] = chain
                 return
             if chain is not None:

@@ -291,7 +291,7 @@ def test_compaction_keeps_a_run_the_very_list_a_chain_refers_to() -> None:
 
 def test_a_compacted_run_is_indexed_under_its_own_blocks_hashes() -> None:
     pool, run, own = _partly_handed_out_run_then_compacted()
-    pool.index_run(run, (2, 3, 4, 5), 4)  # the run was table[0:4]: its live part is own[0], own[1]
+    pool.index_run(run, (2, 3, 4, 5), 0)  # the run was table[0:4]: its live part is own[0], own[1]
     assert pool.cached[2] == own[0] and pool.cached[3] == own[1] and 4 not in pool.cached and 5 not in pool.cached
     assert pool.get_new_blocks(2) == [own[1], own[0]]
 
