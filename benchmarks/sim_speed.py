@@ -10,7 +10,8 @@
     # benchmark switches it on around each simulation only (workload generation, simulation, summary).
     valgrind --tool=callgrind --instr-atstart=no python benchmarks/sim_speed.py --instructions \
         --sizes 2000 --replicas 16 --no-hard
-    # with valgrind's --cache-sim=yes as well, also simulated data-cache misses per request
+    # with valgrind's --cache-sim=yes as well, also simulated data-cache misses per request; add
+    # --LL=524288,8,64 (this machine's L2 per core; callgrind models no L3) for L2 misses as the DL columns
 
 The cases (``CASES``): chat (Azure-2023-conversation prompt and output lengths, empirical from the shared
 trace, no prefix cache), the realistic case with vLLM's defaults (chunked prefill, prefix caching, async
