@@ -724,16 +724,12 @@ class BlockPool:
         taken over: ``take_run``)."""
         return len(run)
 
-    def run_blocks(self, run: list[int]) -> list[int]:
-        """The blocks of a run still queued, in the order of their table (the run's own: a copy)."""
-        return list(run)
-
     def take_run(self, run: list[int]) -> int:
         """Take what is left of a run as prefix hits of a later request of its chain (``KVManager``, which
-        read them with ``run_blocks``); returns how many. The blocks leave the queue and stay referenced
-        once, now by the taker. They stop counting as marked here: the taker marks them again as it caches
-        them (``cache_range``), as the index would take a hit block back without a new entry. The run stays
-        in the queue, empty, and is passed over."""
+        read them off the run, in table order); returns how many. The blocks leave the queue and stay
+        referenced once, now by the taker. They stop counting as marked here: the taker marks them again as
+        it caches them (``cache_range``), as the index would take a hit block back without a new entry. The
+        run stays in the queue, empty, and is passed over."""
         freed: list[Any] = self._freed
         head = self._freed_head
         if head < len(freed) and freed[head] is run:

@@ -303,7 +303,7 @@ class KVManager:
             self._open_chain(key)  # a walk would stop inside the run: the rest would be copies to find
             self._walk(self._values(request, max_blocks), count, max_blocks, hits)
             return hits
-        hits += run  # its blocks in table order (``BlockPool.run_blocks`` without the copy)
+        hits += run  # what is left of the run: its blocks, in table order (``BlockPool.free_marked_table``)
         self._claim = chain
         self._claimer = request
         self._claimed = live
