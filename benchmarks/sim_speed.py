@@ -44,6 +44,7 @@ import simpy
 
 from simulator import native
 from simulator.fleet import fleet
+from simulator.native_training import sessions_workload
 from simulator.scenario import load_mapping
 from simulator.simulation import run
 
@@ -217,15 +218,7 @@ def sessions_scenario(num_requests: int, replicas: int, rate_per_replica: float,
     """The realistic case: vLLM's defaults (chunked prefill, prefix caching, async scheduling), multi-turn
     sessions sharing system prompts (the routing.yaml shape), routed by session affinity or prefix."""
     raw = chat_scenario(num_requests, replicas, rate_per_replica)
-    raw["workload"] = {
-        "num_requests": num_requests,
-        "arrival": {"process": "poisson", "rate_rps": replicas * rate_per_replica / 4},
-        "prompt_tokens": {"dist": "lognormal", "median": 200, "sigma": 0.8, "max": 2000},
-        "output_tokens": {"dist": "lognormal", "median": 200, "sigma": 0.8, "max": 1500},
-        "system_prompts": {"num_prompts": 8, "tokens": 600},
-        "sessions": {"turns": {"dist": "uniform", "low": 2, "high": 6}, "think_time_s": 10,
-                     "response_time_estimate_s": 4},
-    }
+    raw["workload"] = sessions_workload(num_requests, replicas * rate_per_replica / 4)
     raw["engine"] = {"preset": "vllm"}
     raw["router"] = {"policy": router}
     return raw

@@ -40,19 +40,27 @@ def _chat(num_requests: int, replicas: int) -> dict[str, Any]:
     }
 
 
-def _sessions(num_requests: int, replicas: int, router: str = "session_affinity",
-              load: float = 1.0) -> dict[str, Any]:
-    raw = _chat(num_requests, replicas)
-    raw["name"] = "train-sessions"
-    raw["workload"] = {
+def sessions_workload(num_requests: int, rate_rps: float) -> dict[str, Any]:
+    """The realistic case's workload: multi-turn sessions (2 to 6 turns, 10 s of thought between them)
+    sharing 8 system prompts of 600 tokens (the routing.yaml shape), sessions arriving at ``rate_rps``. One
+    copy for the training and for ``benchmarks/sim_speed.py``'s realistic cases: the build is trained on
+    what that benchmark measures."""
+    return {
         "num_requests": num_requests,
-        "arrival": {"process": "poisson", "rate_rps": 2.0 * replicas * load},
+        "arrival": {"process": "poisson", "rate_rps": rate_rps},
         "prompt_tokens": {"dist": "lognormal", "median": 200, "sigma": 0.8, "max": 2000},
         "output_tokens": {"dist": "lognormal", "median": 200, "sigma": 0.8, "max": 1500},
         "system_prompts": {"num_prompts": 8, "tokens": 600},
         "sessions": {"turns": {"dist": "uniform", "low": 2, "high": 6}, "think_time_s": 10,
                      "response_time_estimate_s": 4},
     }
+
+
+def _sessions(num_requests: int, replicas: int, router: str = "session_affinity",
+              load: float = 1.0) -> dict[str, Any]:
+    raw = _chat(num_requests, replicas)
+    raw["name"] = "train-sessions"
+    raw["workload"] = sessions_workload(num_requests, 2.0 * replicas * load)
     raw["engine"] = {"preset": "vllm"}
     raw["router"] = {"policy": router}
     return raw
