@@ -90,15 +90,37 @@ def _source(module: str) -> Path:
 
 
 def source_digest() -> str:
-    """Digest of the compiled modules' sources and the interpreter: names the build that matches them."""
+    """Digest of the compiled modules' sources, the interpreter and mypyc's runtime library: names the build
+    that matches them."""
     h = hashlib.sha256()
     h.update(sys.implementation.cache_tag.encode())
     h.update(extension_suffix().encode())
+    h.update(f"librt {runtime_version()}".encode())
     h.update(BUILD_RECIPE.encode())
     for module in MODULES:
         h.update(module.encode())
         h.update(_source(module).read_bytes())
     return h.hexdigest()[:20]
+
+
+def runtime_version() -> str:
+    """The version of mypyc's runtime library (``librt``, installed with mypy) in this environment, empty
+    when it has none. Compiled modules import it (``block_pool``'s per-block counts are its ``vec`` arrays),
+    so a build serves only environments with the version it was compiled against: part of its digest (an
+    environment without it, or with another version, finds no build and runs pure Python, saying so).
+    Read off its ``.dist-info`` folder's name, without importing it or ``importlib.metadata``."""
+    spec = importlib.util.find_spec("librt")
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    for location in spec.submodule_search_locations:
+        try:
+            with os.scandir(Path(location).parent) as entries:
+                for entry in entries:
+                    if entry.name.startswith("librt-") and entry.name.endswith(".dist-info"):
+                        return entry.name[len("librt-"):-len(".dist-info")]
+        except OSError:
+            continue
+    return "unknown"
 
 
 def extension_suffix() -> str:
@@ -154,7 +176,7 @@ def pure_python_notice() -> str | None:
     the compiled modules are in use, pure Python was asked for, or the notice is silenced."""
     if active() or _build_failed is not None or _set(PURE_ENV) or _set(NOTICE_ENV):
         return None
-    return ("note: simulating in pure Python (no native build of these sources): "
+    return ("note: simulating in pure Python (no native build of these sources for this environment): "
             "pip install -e '.[native]' && fleetsim build-native runs the hot path compiled, several times "
             f"faster, with the same results ({AUTO_ENV}=1 builds it whenever the sources change); "
             f"{NOTICE_ENV}=1 silences this")
@@ -250,6 +272,9 @@ def build(progress: Callable[[str], None] = print, *, profile_guided: bool | Non
         return target
     if importlib.util.find_spec("mypyc") is None:
         raise NativeBuildError("mypyc is not installed (pip install 'fleetsim[native]')")
+    if not runtime_version():
+        raise NativeBuildError("mypyc's runtime library (librt) is not installed: pip install 'fleetsim[native]' "
+                               "(mypy >= 2.4 brings it)")
     try:
         _ensure(cache_root())  # before minutes of compiling: the cache must be writable
     except OSError as err:

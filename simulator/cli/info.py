@@ -68,7 +68,7 @@ def cmd_build_native(args: argparse.Namespace) -> int:
         elif (folder / "manifest.json").is_file():
             print(f"compiled hot path: built{native.build_kind(folder)}, not in use ({folder})")
         else:
-            print(f"compiled hot path: not built for these sources ({folder})")
+            print(f"compiled hot path: not built for these sources in this environment ({folder})")
         return 0
     try:
         native.build(profile_guided=False if args.no_pgo else None)

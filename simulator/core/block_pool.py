@@ -42,20 +42,22 @@ Invariants (tested by a hypothesis state machine):
 
 Blocks are ints, not objects: a replica hands out and frees tens of blocks per request, and a simulated
 fleet does so millions of times. Per-block state lives in flat lists indexed by block id, which grow only
-as blocks are first handed out (a pool of a million blocks costs nothing until it is used). Without the
+as blocks are first handed out (a pool of a million blocks costs nothing until it is used); the counts among
+it are native arrays of machine ints when compiled (``_counts``). Without the
 prefix cache nothing is ever shared, so a block is referenced exactly when it has been handed out and is
 not in the free stack: the pool then keeps no per-block state at all, and handing out or freeing n blocks
 is one C-level list operation rather than n Python steps.
 
-The pool knows nothing about requests or scheduling. Standard library only.
+The pool knows nothing about requests or scheduling. Standard library only (compiled, mypyc's runtime too).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 if TYPE_CHECKING:
+    from librt.vecs import extend, vec  # compiled, native arrays of machine ints (mypyc's runtime, with mypy)
     from mypy_extensions import i64  # compiled, a machine integer; plain int in Python
 
 _COMPACT_SLACK: Final = 1024
@@ -77,6 +79,34 @@ def shared_ints(stop: int) -> list[Any]:
     if len(ints) < stop:
         ints += range(len(ints), max(stop, 2 * len(ints), 1024))
     return ints
+
+
+_COMPILED: Final = type(shared_ints).__name__ == "builtin_function_or_method"
+"""Whether this module runs compiled (``fleetsim build-native``): its functions are then native ones."""
+
+
+def _counts() -> vec[i64]:
+    """An empty list of per-block counts (``BlockPool._ref``, ``_entries``). Compiled, a ``vec[i64]``: machine
+    ints side by side, read and written with no object in between (a list holds a pointer to an int object
+    per item, unboxed on each read and boxed on each write). Interpreted, a plain list, which reads and writes
+    faster there; both are indexed alike, and only ``_grown_counts`` and ``_copied_counts`` tell them apart."""
+    if _COMPILED:
+        return vec[i64]()
+    return cast("vec[i64]", [])
+
+
+def _grown_counts(counts: vec[i64], num: int) -> vec[i64]:
+    """``counts`` with ``num`` zeros after it: a vec grows into a new one (use the result), a list in place."""
+    if _COMPILED:
+        return extend(counts, [0] * num)
+    cast("list[int]", counts).extend([0] * num)
+    return counts
+
+
+def _copied_counts(counts: vec[i64]) -> vec[i64]:
+    if _COMPILED:
+        return vec[i64](counts)
+    return cast("vec[i64]", list(cast("list[int]", counts)))
 
 
 class Pin:
@@ -116,13 +146,13 @@ class BlockPool:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
-        self._ref: list[int] = []
+        self._ref = _counts()
         """With caching: the reference count of each block (index = block id), as far as blocks have been
         handed out and a margin past them (``_grow``; later ids are all 0). Without caching it stays empty
         (``ref_cnt`` derives the counts)."""
         self._num_handed = 0
         """Blocks handed out at least once: ids below this have left the never-used head of the order."""
-        self._entries: list[int] = []
+        self._entries = _counts()
         """Entries of each block in ``_freed`` (lazy deletion); kept only with caching, the one user of
         removal from the middle."""
         self._freed: list[Any] = []
@@ -193,7 +223,7 @@ class BlockPool:
         """Reference count of each block handed out so far (index = block id; later ids are all 0), as a new
         list, in O(blocks): for checks, not hot paths."""
         if self.enable_caching:
-            counts = self._ref[:self._num_handed]
+            counts = list(self._ref[:self._num_handed])
             for pin in self._held_pins:
                 for block_id in pin.blocks:
                     counts[block_id] += pin.holders - 1
@@ -233,7 +263,7 @@ class BlockPool:
 
     def _run_blocks(self) -> set[int]:
         """The free blocks in runs (for checks)."""
-        return {block_id for entry in self._take_live(list(self._entries), flatten=False)
+        return {block_id for entry in self._take_live(_copied_counts(self._entries), flatten=False)
                 if isinstance(entry, list) for block_id in entry}
 
     def block_hash(self, block_id: int) -> int | None:
@@ -266,9 +296,9 @@ class BlockPool:
 
     def _live_freed(self) -> list[int]:
         """The live entries of the freed queue, in order: a free block's most recent entry."""
-        return self._take_live(list(self._entries), flatten=True)  # on a copy: a reader changes nothing
+        return self._take_live(_copied_counts(self._entries), flatten=True)  # on a copy: a reader changes nothing
 
-    def _take_live(self, counts: list[int], *, flatten: bool) -> list[Any]:
+    def _take_live(self, counts: vec[i64], *, flatten: bool) -> list[Any]:
         """The live entries of the freed queue, in order, in one pass with no side table: each entry read
         takes one off its block's entry count in ``counts`` (``_entries`` or a copy), so the entry that
         brings the count to zero is the block's most recent, live if the block is free. Every queued
@@ -385,12 +415,15 @@ class BlockPool:
             out.append(shared_ints(start + 1)[start])
             if start >= len(ref):
                 self._grow(start + 1)
+                ref = self._ref  # (grown: compiled, a new vec)
             ref[start] = 1
         elif num_fresh:
             self._num_handed = start + num_fresh
             out += shared_ints(start + num_fresh)[start:start + num_fresh]
             self._grow(start + num_fresh)
-            ref[start:start + num_fresh] = [1] * num_fresh
+            ref = self._ref
+            for block_id in range(start, start + num_fresh):
+                ref[block_id] = 1
         if remaining:
             self._take_freed(out, remaining)
         return out
@@ -404,8 +437,8 @@ class BlockPool:
         if stop <= size:
             return
         num = min(self.num_blocks, max(stop, 2 * size, 1024)) - size
-        self._ref.extend([0] * num)
-        self._entries.extend([0] * num)
+        self._ref = _grown_counts(self._ref, num)
+        self._entries = _grown_counts(self._entries, num)
         self._hash_of.extend([None] * num)
 
     def append_new_block(self, table: list[int]) -> None:
@@ -428,6 +461,7 @@ class BlockPool:
             ref = self._ref
             if start >= len(ref):
                 self._grow(start + 1)
+                ref = self._ref  # (grown: compiled, a new vec)
             ref[start] = 1
             return
         if self._num_freed < 1:  # (no block at the front, none never used: the freed ones are all there is)

@@ -85,6 +85,24 @@ def test_digest_follows_the_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert native.source_digest() != before
 
 
+def test_a_build_serves_only_environments_with_its_runtime_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Compiled modules import mypyc's runtime library (librt): an environment without it, or with another
+    # version, names another build (and, finding none, runs pure Python) rather than loading one that fails.
+    monkeypatch.setattr(native, "runtime_version", lambda: "0.17.0")
+    with_it = native.source_digest()
+    monkeypatch.setattr(native, "runtime_version", lambda: "0.18.0")
+    other = native.source_digest()
+    monkeypatch.setattr(native, "runtime_version", lambda: "")
+    without = native.source_digest()
+    assert len({with_it, other, without}) == 3
+
+
+def test_the_runtime_version_is_read_without_importing_it() -> None:
+    code = ("import sys, importlib.metadata as m, simulator.native as n; v = n.runtime_version(); "
+            "print(v == (m.version('librt') if v else ''), 'librt' in sys.modules)")
+    assert _python(code) == "True False"
+
+
 def _can_compile() -> str | None:
     if importlib.util.find_spec("mypyc") is None:
         return "mypyc is not installed"
@@ -150,6 +168,12 @@ def test_build_native_without_mypyc_is_one_line_and_exit_1(
     assert main(["build-native"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("fleetsim: error: mypyc is not installed") and "\n" not in err
+    # mypyc without its runtime library (a mypy older than 2.4): said in one line too, before any compiling.
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(native, "runtime_version", lambda: "")
+    assert main(["build-native"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fleetsim: error: mypyc's runtime library (librt) is not installed") and "\n" not in err
     # A fresh process with an empty cache: nothing built for these sources, pure Python in use.
     status = _python("from simulator.cli.main import main; main(['build-native', '--status'])",
                      FLEETSIM_NATIVE_CACHE=str(tmp_path), FLEETSIM_PURE_PYTHON="")
@@ -165,6 +189,7 @@ def test_build_native_into_an_unwritable_cache_is_one_line_and_exit_1(
     blocker.write_text("not a folder")
     monkeypatch.setenv("FLEETSIM_NATIVE_CACHE", str(blocker / "cache"))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # as if mypyc were installed
+    monkeypatch.setattr(native, "runtime_version", lambda: "0.17.0")  # and its runtime library
     assert main(["build-native"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("fleetsim: error: cannot create the build cache") and "\n" not in err

@@ -11,8 +11,10 @@ IO_MODULES = {"io", "os", "pathlib", "socket", "subprocess", "shutil", "tempfile
               "sqlite3", "csv", "json", "pickle", "logging", "sys", "time", "random"}
 
 
-TYPE_ONLY = {"mypy_extensions"}
-"""Allowed under ``if TYPE_CHECKING:`` only: ``i64`` annotations, machine integers in the compiled build."""
+TYPE_ONLY = {"mypy_extensions", "librt"}
+"""Allowed under ``if TYPE_CHECKING:`` only: ``i64`` annotations, machine integers in the compiled build, and
+``librt.vecs``' ``vec[i64]``, arrays of them (mypyc compiles its uses to its runtime's C calls; interpreted,
+the core holds plain lists instead)."""
 
 
 def _names(node: ast.AST) -> set[str]:
