@@ -104,6 +104,7 @@ def _grown_counts(counts: vec[i64], num: int) -> vec[i64]:
 
 
 def _copied_counts(counts: vec[i64]) -> vec[i64]:
+    """A copy of ``counts`` in the same form (for readers that count down on it: ``_take_live``)."""
     if _COMPILED:
         return vec[i64](counts)
     return cast("vec[i64]", list(cast("list[int]", counts)))
