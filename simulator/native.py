@@ -3,7 +3,7 @@
 ``fleetsim build-native`` compiles the serving core (``simulator.core``), the cost model, the run recorders,
 the arrival feed, the load list and the replica loop to C extensions with mypyc — the very files the
 pure-Python package runs, unchanged, so the policy code still exists once. A simulated request then costs
-about an eighth of the instructions (see ``benchmarks/sim_speed.py``); its hottest integers are annotated
+about a ninth of the instructions (see ``benchmarks/sim_speed.py``); its hottest integers are annotated
 ``i64`` (mypyc's machine integers, imported for type checking only: plain ints in Python). Nothing else
 changes: results are identical (a test builds it and compares).
 
