@@ -754,11 +754,6 @@ class BlockPool:
                 self._let_go(pin)
             del table[:start]
 
-    def run_live(self, run: list[int]) -> int:
-        """Blocks of a run (``free_marked_table``) still queued: what is left of it (0 once all are out, or
-        taken over: ``take_run``)."""
-        return len(run)
-
     def take_run(self, run: list[int]) -> int:
         """Take what is left of a run as prefix hits of a later request of its chain (``KVManager``, which
         read them off the run, in table order); returns how many. The blocks leave the queue and stay
@@ -947,7 +942,7 @@ class BlockPool:
         queued block's entry count drops to zero as they are found, and the live ones' go back to one.
 
         A run stays the very list it was (what is left of it): a session's chain refers to its run by
-        identity (``run_live``, ``take_run``, ``index_run``)."""
+        identity (``take_run``, ``index_run``), and reads what is left of it off the run itself."""
         live = self._take_live(self._entries, flatten=False)
         entries = self._entries
         for held in live:

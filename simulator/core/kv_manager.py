@@ -291,12 +291,12 @@ class KVManager:
         self._pin_hits = hits
         run = None if chain is None else chain.run
         if run is None or count < start or start >= max_blocks:
-            if run is not None and count < start and self.pool.run_live(run):
+            if run is not None and count < start and run:
                 # The walk misses before the chain: this request computes the chain's blocks again, and
                 # the cached ones, older, would be the copies a walk finds from now on.
                 self._open_chain(key)
             return hits
-        live = self.pool.run_live(run)
+        live = len(run)  # what is left of the run (the pool cuts it as it hands its blocks out)
         if not live:
             return hits
         if start + live > max_blocks:
@@ -340,9 +340,8 @@ class KVManager:
 
     def _sweep_chains(self) -> None:
         """Drop the chains with nothing left (their runs handed out): sessions that did not come back."""
-        pool = self.pool
         self._chains = {key: chain for key, chain in self._chains.items()
-                        if chain.run is None or pool.run_live(chain.run)}
+                        if chain.run is None or chain.run}
         self._swept_at = max(64, 2 * len(self._chains))
 
     def prefix_match_blocks(self, block_hashes: Sequence[int], num_blocks: int | None = None) -> int:
@@ -377,7 +376,7 @@ class KVManager:
             if chain is not None and chain.start == i:
                 # A chain starts here: its run, or what its holder has cached, is what a walk would find.
                 run = chain.run
-                live = chain.holder.num_indexed_blocks - i if run is None else self.pool.run_live(run)
+                live = chain.holder.num_indexed_blocks - i if run is None else len(run)
                 if live > 0:
                     end: i64 = count if num_blocks is None else num_blocks
                     i += min(live, end - i)
@@ -417,7 +416,7 @@ class KVManager:
         if claim is not None:
             self._claim = None
             if self._claimer is request and new_computed_blocks and claim.run is not None:
-                taken = self.pool.run_live(claim.run)
+                taken = len(claim.run)
                 if taken != self._claimed:  # the hits end with the blocks the run held at the lookup
                     raise AssertionError("allocate: the chain's run changed since the lookup")
         # Hit blocks nobody references sit in the free queue: taking them consumes free capacity too (a run's
@@ -482,7 +481,7 @@ class KVManager:
         key = self._chain_key(request)
         if key is not None:
             chain = self._chains.get(key)
-            if chain is not None and chain is not claim and (chain.run is None or self.pool.run_live(chain.run)):
+            if chain is not None and chain is not claim and (chain.run is None or chain.run):
                 self._open_chain(key)
             else:
                 if chain is None or chain is not claim:

@@ -283,9 +283,9 @@ def test_compaction_keeps_a_run_the_very_list_a_chain_refers_to() -> None:
     still answers with only the blocks not handed out (a copy left in the queue instead let a later turn take
     blocks other requests held: a double free)."""
     pool, run, own = _partly_handed_out_run_then_compacted()
-    assert pool.run_live(run) == 2 and run == [own[0], own[1]]  # what is left of it, in table order
+    assert len(run) == 2 and run == [own[0], own[1]]  # what is left of it, in table order
     assert pool.get_new_blocks(1) == [own[1]]  # the queue hands out the same run's next block
-    assert pool.run_live(run) == 1 and pool.take_run(run) == 1
+    assert len(run) == 1 and pool.take_run(run) == 1
     assert pool.num_free == 1 and not set(pool.free_queue) & set(own)
 
 
