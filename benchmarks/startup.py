@@ -8,9 +8,9 @@ Each run is a fresh process, as a user's (or a sweep worker's) is: ``fleetsim ru
 ``--requests`` requests into a new folder, for each save ``--saves`` names: ``summary`` (``--summary-only``,
 a sweep worker's), ``tables`` (``--no-report``) and ``report`` (the default: tables, summary and report.html).
 Prints the minimum and the median wall time and CPU time per run, beside the bare interpreter's
-(``python -c pass``), so the part that is fleetsim's shows. The first run
-of each is left out (it may write bytecode caches). On a shared machine the median moves by 20 % from one
-minute to the next: compare revisions with ``paired.py``, or count instructions under callgrind
+(``python -c pass``), so the part that is fleetsim's shows. The first run of each is left out (it writes
+bytecode caches, even under ``PYTHONDONTWRITEBYTECODE``). On a shared machine the median moves by 20 % from
+one minute to the next: compare revisions with ``paired.py``, or count instructions under callgrind
 (``valgrind --tool=callgrind python -m ...``), which repeat to within 0.01 %.
 """
 
@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path.cwd() if (Path.cwd() / "simulator").is_dir() else Path(__file__).resolve().parents[1]
@@ -35,12 +35,13 @@ SAVES: dict[str, tuple[str, ...]] = {"summary": ("--summary-only",), "tables": (
 """What a run writes -> its flags: summary.json alone; the tables too; and the report (the default)."""
 
 
-def _timed(command: Sequence[str]) -> tuple[float, float]:
-    """Wall and CPU seconds (user + system) of one run of ``command``, which must succeed."""
+def _timed(command: Sequence[str], env: Mapping[str, str] | None = None) -> tuple[float, float]:
+    """Wall and CPU seconds (user + system) of one run of ``command`` (in ``env``, else this process's
+    environment), which must succeed."""
     # Error output to a file, not a pipe: a child writing more than a pipe holds would block until read.
     with tempfile.TemporaryFile() as log:
         start = time.perf_counter()
-        child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+        child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, env=env)
         _, status, usage = os.wait4(child.pid, 0)
         wall = time.perf_counter() - start
         child.returncode = os.waitstatus_to_exitcode(status)
@@ -52,9 +53,14 @@ def _timed(command: Sequence[str]) -> tuple[float, float]:
 
 def _series(make_command: Callable[[int], list[str]], runs: int) -> tuple[list[float], list[float]]:
     walls, cpus = [], []
+    # The first run is left out: it compiles and caches the bytecode of every module it imports. It may,
+    # whatever the caller's PYTHONDONTWRITEBYTECODE says (set in some CI and container images): without
+    # fresh caches each timed run would compile every source edited since they were written, which no
+    # installed fleetsim does.
+    caching = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
     for number in range(runs + 1):
-        wall, cpu = _timed(make_command(number))
-        if number:  # the first may compile and cache bytecode
+        wall, cpu = _timed(make_command(number), None if number else caching)
+        if number:
             walls.append(wall)
             cpus.append(cpu)
     return walls, cpus
